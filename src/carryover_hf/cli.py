@@ -1,0 +1,43 @@
+"""`carryover-hf` command line: one subcommand per job, each implemented in its own module."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module, one-line help). Modules are imported only when their command runs.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("carryover_hf.demo", "generate with a drafter and print speedup and acceptance length"),
+    "train": ("carryover_hf.training.cli", "train or fine-tune a drafter (DFlash or draft-verify-draft objective)"),
+    "prompts": ("carryover_hf.data.cli", "build the offline prompt suites (`prompts build`)"),
+    "regenerate": ("carryover_hf.data.regenerate", "record target responses to prompts as a training dataset"),
+    "bench": ("carryover_hf.bench.cli", "benchmark drafters against the target alone and its peers"),
+    "convert": ("carryover_hf.hub.convert", "import z-lab / Transformers / speculators DFlash checkpoints, or export"),
+    "push": ("carryover_hf.hub.push", "save a drafter with its model card and upload it to the Hub"),
+    "init": ("carryover_hf.hub.configs", "initialise a drafter from a hub_configs/ file for its target"),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: carryover-hf <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run `carryover-hf <command> --help` for the options of a command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"carryover-hf: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Checks that a drafter fits a target, run before any expensive work."""
+
+from __future__ import annotations
+
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+
+from .configuration_carryover import CarryoverDrafterConfig
+
+
+class DrafterTargetMismatchError(ValueError):
+    """The drafter was made for another target."""
+
+
+def _target_name(target_config: PretrainedConfig) -> str | None:
+    return getattr(target_config, "_name_or_path", None) or None
+
+
+def check_compatibility(
+    drafter_config: CarryoverDrafterConfig, target_config: PretrainedConfig, check_name: bool = True
+) -> None:
+    """Raises `DrafterTargetMismatchError` naming every field where the drafter's recorded target differs.
+
+    Hidden size, layer count, vocabulary and layer ids are always checked; the name only with `check_name`
+    (names differ harmlessly between a Hub id and a local copy of the same model).
+    """
+    text = target_config.get_text_config()
+    problems = []
+    if drafter_config.target_hidden_size != text.hidden_size:
+        problems.append(f"hidden size: drafter expects {drafter_config.target_hidden_size}, target has {text.hidden_size}")
+    if drafter_config.target_num_hidden_layers != text.num_hidden_layers:
+        problems.append(
+            f"layer count: drafter expects {drafter_config.target_num_hidden_layers}, target has {text.num_hidden_layers}"
+        )
+    if drafter_config.vocab_size != text.vocab_size:
+        problems.append(f"vocabulary: drafter expects {drafter_config.vocab_size}, target has {text.vocab_size}")
+    out_of_range = [i for i in drafter_config.target_layer_ids if not 0 <= i < text.num_hidden_layers]
+    if out_of_range:
+        problems.append(f"target_layer_ids {out_of_range} do not exist in a target with {text.num_hidden_layers} layers")
+    recorded, actual = drafter_config.target_name_or_path, _target_name(target_config)
+    if check_name and recorded and actual and recorded != actual:
+        problems.append(
+            f"name: drafter was trained for {recorded!r}, target is {actual!r} "
+            "(pass ignore_target_name=True if this is the same model under another name)"
+        )
+    if problems:
+        raise DrafterTargetMismatchError(
+            "This drafter was made for another target:\n  - "
+            + "\n  - ".join(problems)
+            + "\nUse a drafter trained for this target, or build one with "
+            "CarryoverDrafterConfig.from_target_config(target.config)."
+        )
+
+
+def supports_layer_hidden_states(target: PreTrainedModel) -> bool:
+    """Whether `target(..., output_hidden_states=[...])` returns per-layer hidden states."""
+    return any(
+        "hidden_states" in (getattr(module, "_can_record_outputs", None) or {})
+        for module in target.modules()
+        if isinstance(module, PreTrainedModel)
+    )
+
+
+def check_target(target: PreTrainedModel) -> None:
+    """The target must be a decoder-only model whose per-layer hidden states can be requested by index."""
+    if getattr(target.config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"{type(target).__name__} is an encoder-decoder model; Carryover drafting needs a decoder-only causal LM."
+        )
+    if not supports_layer_hidden_states(target):
+        raise ValueError(
+            f"{type(target).__name__} cannot return per-layer hidden states (`output_hidden_states=[...]`), which the "
+            "drafter reads as context. Use a Transformers causal LM whose outputs record hidden states "
+            "(Llama, Qwen3, Mistral, Gemma, ...)."
+        )
+    if target.get_input_embeddings() is None or target.get_output_embeddings() is None:
+        raise ValueError(
+            f"{type(target).__name__} must expose its input embedding and LM head "
+            "(`get_input_embeddings()` / `get_output_embeddings()`): the drafter shares both."
+        )
+
+
+def check_single_sequence(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+    """Transformers' assisted decoding runs one sequence at a time, without padding."""
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"Carryover drafting got a batch of {input_ids.shape[0]} sequences, but Transformers' assisted decoding "
+            "generates one sequence at a time. Call generate once per prompt (batch size 1)."
+        )
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError(
+            "The attention mask has padded positions; assisted decoding runs one sequence at a time, so tokenize the "
+            "prompt without padding."
+        )
+
+
+__all__ = [
+    "DrafterTargetMismatchError",
+    "check_compatibility",
+    "check_target",
+    "check_single_sequence",
+    "supports_layer_hidden_states",
+]

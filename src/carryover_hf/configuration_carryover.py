@@ -1,0 +1,177 @@
+"""Configuration of the Carryover drafter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+from transformers.modeling_rope_utils import RopeParameters
+
+
+DRAFTER_TYPES = ("dflash", "markov")
+
+
+def default_target_layer_ids(num_target_layers: int, num_layer_ids: int) -> list[int]:
+    """Layer ids spread from layer 1 to layer L-3, as the public DFlash drafters do.
+
+    Qwen3-4B (36 layers) with 5 ids gives ``[1, 9, 17, 25, 33]``. Small targets are clamped into range.
+    """
+    if num_target_layers < 1 or num_layer_ids < 1:
+        raise ValueError("num_target_layers and num_layer_ids must be positive")
+    if num_layer_ids == 1:
+        return [num_target_layers // 2]
+    start = min(1, num_target_layers - 1)
+    end = max(start, num_target_layers - 3)
+    span = end - start
+    return [int(round(start + i * span / (num_layer_ids - 1))) for i in range(num_layer_ids)]
+
+
+@strict
+class CarryoverDrafterConfig(PreTrainedConfig):
+    r"""
+    Configuration of a [`CarryoverDrafterModel`]: a DFlash-style block-diffusion drafter that reads the target's
+    hidden states as context and, with `use_carryover`, the target's states at the previous round's rejected draft
+    positions.
+
+    The defaults describe a 5-layer drafter for Qwen3-4B (the public DFlash layout). Use
+    [`CarryoverDrafterConfig.from_target_config`] to build a config matched to any causal LM.
+
+    Args:
+        target_name_or_path (`str`, *optional*): name or path of the target the drafter belongs to.
+        target_hidden_size (`int`): hidden size of the target.
+        target_num_hidden_layers (`int`): number of decoder layers of the target.
+        target_layer_ids (`list[int]`): zero-based target decoder layers whose outputs are fused as context
+            (the output of layer `i` is `hidden_states[i + 1]` in Transformers).
+        block_size (`int`): rows per proposal block: the anchor plus `block_size - 1` mask rows.
+        mask_token_id (`int`): token whose (target) embedding fills the mask rows.
+        drafter_type (`str`): `"dflash"` (parallel block) or `"markov"` (block plus a rank-r token-transition head).
+        markov_rank (`int`): rank r of the Markov head.
+        use_carryover (`bool`): expose the previous round's rejected target states to the next proposal.
+            `False` gives plain DFlash behaviour with the same weights.
+        trained_with_carryover (`bool`): whether the weights were trained with the draft-verify-draft objective.
+        vocab_size (`int`): vocabulary size of the target (the drafter shares its embedding and LM head).
+    """
+
+    model_type = "carryover_drafter"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    default_theta = 1_000_000.0
+
+    # The target this drafter belongs to
+    target_name_or_path: str | None = None
+    target_hidden_size: int = 2560
+    target_num_hidden_layers: int = 36
+    target_layer_ids: list[int] | None = None
+    vocab_size: int = 151936
+
+    # Drafting
+    block_size: int = 16
+    mask_token_id: int = 151669
+    drafter_type: str = "dflash"
+    markov_rank: int = 256
+    use_carryover: bool = True
+    trained_with_carryover: bool = False
+
+    # Qwen3-style layer hyperparameters
+    hidden_size: int = 2560
+    intermediate_size: int = 9728
+    num_hidden_layers: int = 5
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 40960
+    rms_norm_eps: float = 1e-6
+    rope_parameters: RopeParameters | dict | None = None
+    attention_bias: bool = False
+    attention_dropout: float | int = 0.0
+    initializer_range: float = 0.02
+    tie_word_embeddings: bool = False
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.target_layer_ids is None:
+            self.target_layer_ids = default_target_layer_ids(self.target_num_hidden_layers, self.num_hidden_layers)
+        self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+        super().__post_init__(**kwargs)
+
+    def validate_carryover(self):
+        """Checks the drafting fields; each message says how to fix the value."""
+        if self.drafter_type not in DRAFTER_TYPES:
+            raise ValueError(f"drafter_type must be one of {DRAFTER_TYPES}, got {self.drafter_type!r}.")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be at least 2 (anchor + one mask row), got {self.block_size}.")
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids must name at least one target layer.")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.target_num_hidden_layers]
+        if bad:
+            raise ValueError(
+                f"target_layer_ids {bad} are out of range for a target with {self.target_num_hidden_layers} layers; "
+                f"use ids in [0, {self.target_num_hidden_layers - 1}]."
+            )
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary (size {self.vocab_size}).")
+        if self.hidden_size != self.target_hidden_size:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must equal target_hidden_size ({self.target_hidden_size}): the "
+                "drafter uses the target's input embedding and LM head."
+            )
+        if self.markov_rank < 1:
+            raise ValueError(f"markov_rank must be positive, got {self.markov_rank}.")
+
+    @property
+    def num_target_features(self) -> int:
+        """Width of the fused context features: one target hidden state per layer id."""
+        return len(self.target_layer_ids) * self.target_hidden_size
+
+    @classmethod
+    def from_target_config(
+        cls,
+        target_config: PreTrainedConfig,
+        num_hidden_layers: int = 1,
+        block_size: int = 16,
+        drafter_type: str = "dflash",
+        target_layer_ids: list[int] | None = None,
+        **overrides: Any,
+    ) -> "CarryoverDrafterConfig":
+        """A drafter config matched to `target_config`: same hidden size, vocabulary, heads and RoPE base.
+
+        `target_layer_ids` defaults to one id per drafter layer spread as DFlash does; `mask_token_id` defaults to
+        the target's pad token, else its last vocabulary id. Any other field can be overridden by keyword.
+        """
+        text = target_config.get_text_config()
+        num_heads = text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // num_heads
+        rope = dict(getattr(text, "rope_parameters", None) or {})
+        rope_theta = rope.get("rope_theta", getattr(text, "rope_theta", cls.default_theta))
+        pad = text.pad_token_id if isinstance(getattr(text, "pad_token_id", None), int) else None
+        values: dict[str, Any] = dict(
+            target_name_or_path=getattr(target_config, "_name_or_path", None) or None,
+            target_hidden_size=text.hidden_size,
+            target_num_hidden_layers=text.num_hidden_layers,
+            target_layer_ids=target_layer_ids
+            if target_layer_ids is not None
+            else default_target_layer_ids(text.num_hidden_layers, num_hidden_layers),
+            vocab_size=text.vocab_size,
+            block_size=block_size,
+            mask_token_id=pad if pad is not None and pad < text.vocab_size else text.vocab_size - 1,
+            drafter_type=drafter_type,
+            hidden_size=text.hidden_size,
+            intermediate_size=getattr(text, "intermediate_size", 4 * text.hidden_size),
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None) or num_heads,
+            head_dim=head_dim,
+            hidden_act=getattr(text, "hidden_act", "silu"),
+            max_position_embeddings=getattr(text, "max_position_embeddings", 40960),
+            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+            rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta)},
+            eos_token_id=getattr(text, "eos_token_id", None),
+        )
+        values.update(overrides)
+        return cls(**values)
+
+
+__all__ = ["CarryoverDrafterConfig", "default_target_layer_ids"]

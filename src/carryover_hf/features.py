@@ -1,0 +1,31 @@
+"""Target features: the outputs of the target layers a drafter reads, gathered the same way at training and inference."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def hidden_state_indices(target_layer_ids: Sequence[int]) -> list[int]:
+    """Indices into `outputs.hidden_states`: the output of decoder layer `i` is `hidden_states[i + 1]`.
+
+    Passed as `output_hidden_states=[...]`, Transformers records only these. The last index of `hidden_states` is the
+    final-norm output, so a layer id of `L - 1` reads the normed state, at training and inference alike.
+    """
+    return [i + 1 for i in target_layer_ids]
+
+
+def gather_target_features(hidden_states: Sequence[torch.Tensor | None], target_layer_ids: Sequence[int]) -> torch.Tensor:
+    """Concatenate the selected layers' states: (b, n, H) each -> (b, n, k * H)."""
+    selected = [hidden_states[i] for i in hidden_state_indices(target_layer_ids)]
+    if any(state is None for state in selected):
+        raise ValueError(
+            "The target outputs lack hidden states of layers "
+            f"{[i for i, s in zip(target_layer_ids, selected) if s is None]}; call it with "
+            f"output_hidden_states={hidden_state_indices(target_layer_ids)}."
+        )
+    return torch.cat(selected, dim=-1)
+
+
+__all__ = ["hidden_state_indices", "gather_target_features"]
