@@ -69,12 +69,8 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         logits_processor: LogitsProcessorList | None,
         model_kwargs: dict[str, Any],
     ):
-        check_target(target)
-        check_compatibility(drafter.config, target.config, check_name=False)
+        check_pair(target, drafter)
         check_single_sequence(input_ids, model_kwargs.get("attention_mask"))
-        recorded = drafter.config.target_name_or_path
-        if recorded and target.config._name_or_path and recorded != target.config._name_or_path:
-            logger.warning_once(f"Drafter recorded target {recorded!r}; generating with {target.config._name_or_path!r}.")
 
         self.drafter = drafter
         self.config = drafter.config
@@ -203,7 +199,25 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         self.stats.acceptance_lengths.append(int(num_matches) + 1)
 
 
+def check_pair(target: PreTrainedModel, drafter: CarryoverDrafterModel) -> None:
+    """The target can feed the drafter, and the drafter was made for this target (name mismatches only warn)."""
+    check_target(target)
+    check_compatibility(drafter.config, target.config, check_name=False)
+    recorded, actual = drafter.config.target_name_or_path, target.config._name_or_path
+    if recorded and actual and recorded != actual:
+        logger.warning_once(f"The drafter records target {recorded!r}; generating with {actual!r}.")
+
+
+_transformers_validate_generation_mode = GenerationMixin._validate_generation_mode
 _transformers_get_candidate_generator = GenerationMixin._get_candidate_generator
+
+
+def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
+    # Runs before Transformers' own checks, whose vocabulary check would otherwise ask for a second tokenizer.
+    assistant = generation_mode_kwargs.get("assistant_model")
+    if isinstance(assistant, CarryoverDrafterModel):
+        check_pair(self, assistant)
+    return _transformers_validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs)
 
 
 def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
@@ -235,7 +249,8 @@ def install_generation_hook() -> None:
     if getattr(GenerationMixin._get_candidate_generator, "_carryover_hook", False):
         return
     _get_candidate_generator._carryover_hook = True
+    GenerationMixin._validate_generation_mode = _validate_generation_mode
     GenerationMixin._get_candidate_generator = _get_candidate_generator
 
 
-__all__ = ["CarryoverCandidateGenerator", "GenerationStats", "install_generation_hook"]
+__all__ = ["CarryoverCandidateGenerator", "GenerationStats", "check_pair", "install_generation_hook"]

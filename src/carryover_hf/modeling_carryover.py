@@ -260,7 +260,7 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
         if carry_features is not None and carry_features.shape[1] > 0:
             carry = self.fuse_carry(carry_features)
             carry_pe = self.rotary_emb(hidden_states, carry_position_ids)
-        if attention_mask is not None and attention_mask.dtype == torch.bool and self.config._attn_implementation == "eager":
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool and self.config._attn_implementation == "eager":
             attention_mask = torch.zeros_like(attention_mask, dtype=hidden_states.dtype).masked_fill(
                 ~attention_mask, torch.finfo(hidden_states.dtype).min
             )

@@ -59,7 +59,7 @@ def tiny_drafter(
 ) -> CarryoverDrafterModel:
     """A randomly initialised drafter matched to `target`, in the target's dtype, in eval mode.
 
-    The Markov head's W2 is drawn at random too (it starts at zero when trained), so tests exercise it.
+    `E_carry` and the Markov head's W2 are drawn at random (both start at zero before training).
     """
     config = CarryoverDrafterConfig.from_target_config(
         target.config, num_hidden_layers=num_hidden_layers, block_size=block_size, drafter_type=drafter_type, **overrides
@@ -68,12 +68,26 @@ def tiny_drafter(
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         drafter = CarryoverDrafterModel(config)
+        # Trained drafters have a non-zero E_carry and W2; random ones should too, so tests see their effect.
+        torch.nn.init.normal_(drafter.carry_embedding, std=0.5)
         if drafter.markov_head is not None:
             torch.nn.init.normal_(drafter.markov_head.proj.weight, std=0.5)
-            torch.nn.init.normal_(drafter.carry_embedding, std=0.5)
-        else:
-            torch.nn.init.normal_(drafter.carry_embedding, std=0.5)
     return drafter.to(target.dtype).eval()
 
 
-__all__ = ["TINY_ARCHITECTURES", "tiny_target", "tiny_drafter"]
+
+
+def skew_towards_token(target: PreTrainedModel, token_id: int, strength: float) -> PreTrainedModel:
+    """Bias the (shared) LM head so that `token_id` wins for most hidden states, in place.
+
+    Random targets and drafters rarely agree on a long run of tokens; with a skew they often do, so tests reach full
+    acceptance as well as zero and partial acceptance. The head is shared, so target and drafter are skewed alike.
+    """
+    with torch.no_grad():
+        directions = torch.nn.functional.normalize(target.get_input_embeddings().weight.float(), dim=-1).sum(0)
+        head = target.get_output_embeddings().weight
+        head[token_id] += (strength * directions / directions.norm()).to(head.dtype)
+    return target
+
+
+__all__ = ["TINY_ARCHITECTURES", "skew_towards_token", "tiny_target", "tiny_drafter"]

@@ -1,0 +1,111 @@
+"""Bad input fails before any work starts, with a message that says what is wrong and how to fix it."""
+
+import pytest
+import torch
+from transformers import GenerationMixin, LlamaConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutput
+
+import carryover_hf  # noqa: F401
+from carryover_hf import CarryoverDrafterConfig, CarryoverDrafterModel, DrafterTargetMismatchError
+from carryover_hf.testing import tiny_drafter, tiny_target
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target("llama", vocab_size=32, seed=0)
+
+
+class ForwardCounter:
+    def __init__(self, model):
+        self.calls = 0
+        self.handle = model.register_forward_hook(self._count)
+
+    def _count(self, *_):
+        self.calls += 1
+
+
+def _drafter_with(target, **overrides):
+    config = CarryoverDrafterConfig.from_target_config(target.config, block_size=4)
+    config_dict = config.to_dict()
+    config_dict.update(overrides)
+    return CarryoverDrafterModel(CarryoverDrafterConfig(**{k: v for k, v in config_dict.items() if k != "model_type"}))
+
+
+def _generate(target, drafter, input_ids):
+    counter = ForwardCounter(target)
+    try:
+        target.generate(input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=drafter, max_new_tokens=5)
+    finally:
+        counter.handle.remove()
+        assert counter.calls == 0, "the target ran before the error was raised"
+
+
+def test_batch_larger_than_one(target):
+    with pytest.raises(ValueError, match="batch of 2 sequences.*once per prompt"):
+        _generate(target, tiny_drafter(target), torch.ones(2, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(target_hidden_size=128, hidden_size=128), "hidden size: drafter expects 128, target has 64"),
+        (dict(target_num_hidden_layers=8), "layer count: drafter expects 8, target has 4"),
+        (dict(vocab_size=40), "vocabulary: drafter expects 40, target has 32"),
+    ],
+)
+def test_drafter_for_another_target(target, overrides, message):
+    with pytest.raises(DrafterTargetMismatchError, match=message):
+        _generate(target, _drafter_with(target, **overrides), torch.ones(1, 4, dtype=torch.long))
+
+
+def test_layer_ids_out_of_range_for_this_target(target):
+    # Valid for the 8-layer target it records, but this target has 4 layers.
+    drafter = _drafter_with(target, target_num_hidden_layers=8, target_layer_ids=[1, 6])
+    with pytest.raises(DrafterTargetMismatchError, match=r"target_layer_ids \[6\] do not exist"):
+        _generate(target, drafter, torch.ones(1, 4, dtype=torch.long))
+
+
+def test_layer_ids_out_of_range_in_config():
+    with pytest.raises(Exception, match=r"target_layer_ids \[9\] are out of range"):
+        CarryoverDrafterConfig(target_num_hidden_layers=4, target_layer_ids=[1, 9], num_hidden_layers=1)
+
+
+def test_padded_attention_mask(target):
+    drafter = tiny_drafter(target)
+    with pytest.raises(ValueError, match="padded positions"):
+        target.generate(torch.ones(1, 4, dtype=torch.long), attention_mask=torch.tensor([[0, 1, 1, 1]]), assistant_model=drafter, max_new_tokens=3)
+
+
+class NoHiddenStatesLM(PreTrainedModel, GenerationMixin):
+    """A causal LM that cannot return per-layer hidden states."""
+
+    config_class = LlamaConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.embed = torch.nn.Embedding(config.vocab_size, config.hidden_size)
+        self.head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def get_output_embeddings(self):
+        return self.head
+
+    def forward(self, input_ids=None, **kwargs):
+        return CausalLMOutput(logits=self.head(self.embed(input_ids)))
+
+
+def test_target_without_layer_hidden_states(target):
+    config = LlamaConfig(**{**target.config.to_dict(), "attn_implementation": "eager"})
+    model = NoHiddenStatesLM(config)
+    with pytest.raises(ValueError, match="cannot return per-layer hidden states"):
+        _generate(model, tiny_drafter(target), torch.ones(1, 4, dtype=torch.long))
+
+
+def test_bad_drafter_type_and_block_size():
+    with pytest.raises(Exception, match="drafter_type must be one of"):
+        CarryoverDrafterConfig(drafter_type="eagle")
+    with pytest.raises(Exception, match="block_size must be at least 2"):
+        CarryoverDrafterConfig(block_size=1)

@@ -1,0 +1,99 @@
+"""Greedy generation with a Carryover drafter is token-identical to the target's own greedy generation."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+import carryover_hf  # noqa: F401  (installs the generation hook)
+from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+
+
+ARCHITECTURES = ["llama", "qwen3", "gemma"]
+VOCAB = 16
+NUM_PROMPTS = 20
+# A random target rarely agrees with a random drafter; LM heads skewed towards one token agree partly (mild) or over
+# long runs (strong), so the suite meets zero, partial and full acceptance.
+SKEWS = (0.0, 0.1, 1.0)
+
+
+def _prompt(i: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1000 + i)
+    return torch.randint(0, VOCAB, (1, 1 + i % 11), generator=generator)
+
+
+@pytest.fixture(scope="module")
+def targets():
+    """Per architecture: one random target per skew strength."""
+    return {
+        arch: [skew_towards_token(tiny_target(arch, vocab_size=VOCAB, seed=1), 3, strength) for strength in SKEWS]
+        for arch in ARCHITECTURES
+    }
+
+
+def _classify(stats) -> Counter:
+    outcome = Counter()
+    for accepted, drafted in zip(stats.acceptance_lengths, stats.draft_lengths):
+        outcome["zero" if accepted == 1 else "full" if accepted == drafted + 1 else "partial"] += 1
+    return outcome
+
+
+COMBINATIONS = [(kind, block) for kind in ("dflash", "markov") for block in (4, 16)]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_greedy_output_is_identical(targets, arch):
+    """20 prompts per architecture, cycling through both drafter kinds and block sizes 4 and 16, carry on and off."""
+    drafters = {
+        (id(t), kind, block): tiny_drafter(t, block_size=block, drafter_type=kind, seed=2)
+        for t in targets[arch]
+        for kind, block in COMBINATIONS
+    }
+    outcomes, stops, combinations = Counter(), Counter(), Counter()
+    for i in range(NUM_PROMPTS):
+        kind, block = COMBINATIONS[i % len(COMBINATIONS)]
+        target = targets[arch][(i // len(COMBINATIONS)) % len(SKEWS)]
+        drafter = drafters[(id(target), kind, block)]
+        prompt = _prompt(i)
+        max_new_tokens = 5 + (7 * i) % 36
+        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones_like(prompt))
+        reference = target.generate(prompt, **kwargs)
+        if i % 3 == 1:
+            # Stop at EOS: declare a token the target emits mid-way as end-of-sequence.
+            new_tokens = reference[0, prompt.shape[1] :]
+            kwargs["eos_token_id"] = int(new_tokens[len(new_tokens) // 2])
+            kwargs["pad_token_id"] = kwargs["eos_token_id"]
+            reference = target.generate(prompt, **kwargs)
+            stops["eos"] += int(reference[0, -1] == kwargs["eos_token_id"])
+        stops["max_new_tokens"] += int(reference.shape[1] - prompt.shape[1] == max_new_tokens)
+        for use_carryover in (True, False):
+            drafter.config.use_carryover = use_carryover
+            output = target.generate(prompt, assistant_model=drafter, **kwargs)
+            assert torch.equal(output, reference), f"prompt {i} ({kind}, B={block}, carry={use_carryover}) differs"
+            stats = drafter.last_generation_stats
+            assert sum(stats.acceptance_lengths) == output.shape[1] - prompt.shape[1] - 1  # prefill adds one token
+            outcomes += _classify(stats)
+            combinations[(kind, block, use_carryover)] += 1
+    assert len(combinations) == 8 and min(combinations.values()) >= 5, combinations
+    assert stops["eos"] > 0 and stops["max_new_tokens"] > 0, stops
+    assert outcomes["zero"] > 0 and outcomes["partial"] > 0 and outcomes["full"] > 0, outcomes
+
+
+def test_carry_changes_proposals_but_not_outputs():
+    """The same weights with carry on and off are both lossless, but the carry rows change the proposals."""
+    target = tiny_target("llama", vocab_size=VOCAB, seed=5)
+    drafter = tiny_drafter(target, block_size=8, seed=6)
+    prompt = _prompt(3)
+    carry_rows, proposals = {}, {}
+    for use_carryover in (True, False):
+        drafter.config.use_carryover = use_carryover
+        seen = []
+        handle = drafter.register_forward_hook(lambda m, a, out: seen.append(out.last_hidden_state.clone()))
+        target.generate(prompt, assistant_model=drafter, max_new_tokens=30, do_sample=False)
+        handle.remove()
+        carry_rows[use_carryover] = drafter.last_generation_stats.carry_rows
+        proposals[use_carryover] = seen
+    assert max(carry_rows[True]) > 0 and max(carry_rows[False]) == 0
+    # The first proposal has no carry either way; some later proposal must differ.
+    assert torch.equal(proposals[True][0], proposals[False][0])
+    assert any(not torch.allclose(a, b) for a, b in zip(proposals[True][1:], proposals[False][1:]))
