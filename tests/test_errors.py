@@ -109,3 +109,13 @@ def test_bad_drafter_type_and_block_size():
         CarryoverDrafterConfig(drafter_type="eagle")
     with pytest.raises(Exception, match="block_size must be at least 2"):
         CarryoverDrafterConfig(block_size=1)
+
+
+def test_fresh_drafter_starts_neutral():
+    """A fresh E_carry is zero and a fresh Markov head adds nothing, so both start from the DFlash backbone."""
+    target = tiny_target("llama", vocab_size=32, seed=0)
+    config = CarryoverDrafterConfig.from_target_config(target.config, block_size=4, drafter_type="markov")
+    drafter = CarryoverDrafterModel(config)
+    assert torch.count_nonzero(drafter.carry_embedding) == 0
+    assert torch.count_nonzero(drafter.markov_head.proj.weight) == 0
+    assert drafter.fc.weight.std() > 0 and drafter.markov_head.token_embedding.weight.std() > 0

@@ -28,4 +28,22 @@ def gather_target_features(hidden_states: Sequence[torch.Tensor | None], target_
     return torch.cat(selected, dim=-1)
 
 
-__all__ = ["hidden_state_indices", "gather_target_features"]
+
+
+def embed_block_tokens(embedding: torch.nn.Module, token_ids: torch.LongTensor) -> torch.Tensor:
+    """Embeddings of block rows (anchor and mask tokens) through the target's input embedding.
+
+    An `embed_norm` inside the embedding module (Muse Glimmer, Inkling) is bypassed, as Transformers' DFlash path
+    does, so imported DFlash drafters see the inputs they were trained on. Training and inference both call this.
+    """
+    embed_norm = getattr(embedding, "embed_norm", None)
+    if embed_norm is None:
+        return embedding(token_ids)
+    try:
+        embedding.embed_norm = torch.nn.Identity()
+        return embedding(token_ids)
+    finally:
+        embedding.embed_norm = embed_norm
+
+
+__all__ = ["embed_block_tokens", "gather_target_features", "hidden_state_indices"]

@@ -21,7 +21,7 @@ from transformers.generation.utils import GenerationMixin
 from transformers.utils import logging
 
 from .compatibility import check_compatibility, check_single_sequence, check_target
-from .features import gather_target_features, hidden_state_indices
+from .features import embed_block_tokens, gather_target_features, hidden_state_indices
 from .modeling_carryover import CarryoverDrafterModel
 
 
@@ -139,7 +139,7 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         block_ids = torch.full((1, self.config.block_size), self.config.mask_token_id, device=input_ids.device)
         block_ids[:, 0] = input_ids[:, -1]
         output = self.drafter(
-            block_embeds=self.embed_tokens(block_ids).to(self.device),
+            block_embeds=embed_block_tokens(self.embed_tokens, block_ids).to(self.device),
             block_position_ids=self._positions(anchor_position, self.config.block_size),
             context_features=accepted,
             context_position_ids=context_positions,

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import PreTrainedModel
+from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -172,12 +173,14 @@ class CarryoverDrafterPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
+        # `transformers.initialization` leaves weights loaded from a checkpoint alone.
         if isinstance(module, CarryoverDrafterModel):
             # E_carry starts at zero: an untrained carry row is tagged like a context row.
-            nn.init.zeros_(module.carry_embedding)
-        elif isinstance(module, CarryoverMarkovHead):
-            # W2 starts at zero so that a fresh Markov head leaves the backbone's proposals unchanged.
-            nn.init.zeros_(module.proj.weight)
+            init.zeros_(module.carry_embedding)
+        elif module is getattr(getattr(self, "markov_head", None), "proj", None):
+            # W2 starts at zero (here, on the Linear itself: a module without direct parameters is skipped by
+            # Transformers' init), so a fresh Markov head leaves the backbone's proposals unchanged.
+            init.zeros_(module.weight)
 
 
 class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
