@@ -1,0 +1,175 @@
+"""Model cards for drafters: Hub metadata, target, training, evaluation table and a runnable usage snippet."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import ModelCard, ModelCardData
+
+from ..configuration_carryover import CarryoverDrafterConfig
+
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_TEMPLATE = REPO_ROOT / "model_cards" / "carryover_drafter.md"
+LIBRARY_NAME = "transformers"
+PIPELINE_TAG = "text-generation"
+BASE_TAGS = ("carryover-hf", "speculative-decoding", "dflash", "block-diffusion", "draft-model")
+
+
+def _interval(value: Any, interval: Any, digits: int, suffix: str = "") -> str:
+    """`6.53 [6.41, 6.65]` (a confidence interval when known), `—` when the value is missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    text = f"{float(value):.{digits}f}{suffix}"
+    if interval:
+        low, high = interval
+        text += f" [{float(low):.{digits}f}, {float(high):.{digits}f}]"
+    return text
+
+
+def format_evaluation(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """Rows for the card's evaluation table.
+
+    Each row needs `category` and may carry `acceptance_length`, `acceptance_length_ci` (`[low, high]`), `speedup` and
+    `speedup_ci`. Unknown keys are rejected so that a typo does not silently drop a number from the card.
+    """
+    known = {"category", "acceptance_length", "acceptance_length_ci", "speedup", "speedup_ci"}
+    table = []
+    for i, row in enumerate(rows):
+        unknown = set(row) - known
+        if unknown or "category" not in row:
+            raise ValueError(
+                f"Evaluation row {i} must have 'category' and only the keys {sorted(known)}; "
+                f"got unknown keys {sorted(unknown)}" + ("" if "category" in row else " and no 'category'")
+            )
+        table.append(
+            {
+                "category": str(row["category"]),
+                "acceptance_length": _interval(row.get("acceptance_length"), row.get("acceptance_length_ci"), 2),
+                "speedup": _interval(row.get("speedup"), row.get("speedup_ci"), 2, "x"),
+            }
+        )
+    return table
+
+
+def default_objective(config: CarryoverDrafterConfig) -> str:
+    if config.trained_with_carryover:
+        return (
+            "draft-verify-draft (Carryover): the second proposal after a parallel verification pass is trained with "
+            "the verified states of rejected drafts as carry rows, tagged with the learned vector E_carry."
+        )
+    return (
+        "DFlash block objective: random anchors in target-generated responses, blocks `[anchor, MASK...]`, "
+        "cross-entropy weighted by exp(-(j-1)/gamma)."
+    )
+
+
+def render_model_card(
+    config: CarryoverDrafterConfig,
+    repo_id: str | None = None,
+    *,
+    base_model: str | None = None,
+    evaluation: Sequence[Mapping[str, Any]] | None = None,
+    evaluation_note: str | None = None,
+    training_data: str | None = None,
+    objective: str | None = None,
+    license: str = "apache-2.0",
+    tags: Sequence[str] = (),
+    export_format: str | None = None,
+    template_path: str | Path | None = None,
+) -> ModelCard:
+    """Render the drafter's model card (`README.md`) from `model_cards/carryover_drafter.md`.
+
+    Args:
+        config: the drafter's config; target, layout and carryover flags are read from it.
+        repo_id: where the drafter lives on the Hub (used in the usage snippet); a local path works too.
+        base_model: the target's Hub id for the metadata; defaults to `config.target_name_or_path`.
+        evaluation: rows for the evaluation table, see [`format_evaluation`].
+        training_data / objective: free text; the objective defaults to the one `config.trained_with_carryover` names.
+        export_format: `"speculators"` renders the card of a vLLM speculators export (vLLM usage, no carry).
+    """
+    template = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
+    if not template.is_file():
+        raise FileNotFoundError(
+            f"Model card template {template} not found; pass template_path= (the template ships in the repository's "
+            "model_cards/ folder)."
+        )
+    from .. import __version__
+
+    target = base_model or config.target_name_or_path
+    markov = config.drafter_type == "markov"
+    kind = "markov" if markov else "dflash"
+    card_tags = [*BASE_TAGS, f"carryover-{kind}", *tags]
+    if export_format == "speculators":
+        card_tags.append("speculators")
+    card_data = ModelCardData(
+        base_model=target if target and not Path(target).exists() else None,
+        library_name=LIBRARY_NAME,
+        pipeline_tag=PIPELINE_TAG,
+        license=license,
+        tags=list(dict.fromkeys(card_tags)),
+    )
+    imported = getattr(config, "imported_from", None) or {}
+    imported_text = ""
+    if imported:
+        imported_text = f"`{imported.get('source')}` ({imported.get('format')} checkpoint)"
+        if imported.get("sliding_window"):
+            imported_text += (
+                f"; its sliding-window layers (window {imported['sliding_window']}) run with full attention here"
+            )
+    if markov:
+        drafter_kind = f"Markov (DFlash backbone + rank-{config.markov_rank} first-order token-transition head)"
+    else:
+        drafter_kind = "DFlash (block diffusion, one forward pass per proposal)"
+    if config.use_carryover:
+        carryover = "on: rejected drafts' target states are carried into the next proposal"
+    else:
+        carryover = "off: drafts as plain DFlash (`E_carry` unused)"
+    carryover += "; trained with carryover" if config.trained_with_carryover else "; not trained with carryover"
+    title = (repo_id.rstrip("/").split("/")[-1] if repo_id else "Carryover drafter") + (
+        " (vLLM speculators export)" if export_format == "speculators" else ""
+    )
+    summary = (
+        f"A {'Markov' if markov else 'DFlash'} drafter for speculative decoding with "
+        + (f"`{target}`" if target else "its target model")
+        + ". It reads the target's hidden states and proposes a block of tokens per round; with Carryover it also "
+        "reuses the target's states at the drafts the target rejected in the previous round."
+    )
+    license_text = (
+        f"This checkpoint is released under `{license}`. Using it requires the target model"
+        + (f" `{target}`" if target else "")
+        + ", whose own licence applies to it."
+    )
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template),
+        title=title,
+        summary=summary,
+        repo_id=repo_id or "PATH_OR_REPO_ID",
+        target=target,
+        drafter_kind=drafter_kind,
+        markov=markov,
+        num_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        target_layer_ids=list(config.target_layer_ids),
+        block_size=config.block_size,
+        num_drafts=config.block_size - 1,
+        mask_token_id=config.mask_token_id,
+        carryover=carryover,
+        imported_from=imported_text,
+        training_data=training_data or "not recorded",
+        objective=objective or default_objective(config),
+        evaluation=format_evaluation(evaluation) if evaluation else None,
+        evaluation_note=evaluation_note
+        or "τ = mean accepted tokens per verification round (bonus included); speedup = decode throughput over the "
+        "target alone. Brackets: confidence intervals where measured.",
+        export_format=export_format,
+        license_text=license_text,
+        version=__version__,
+    )
+
+
+__all__ = ["DEFAULT_TEMPLATE", "format_evaluation", "render_model_card"]

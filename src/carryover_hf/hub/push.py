@@ -1,0 +1,150 @@
+"""`carryover-hf push` and `push_to_hub`: save a drafter, render its card, upload the folder through huggingface_hub."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import HfApi
+from huggingface_hub.utils import validate_repo_id
+
+from ..configuration_carryover import CarryoverDrafterConfig
+from ..modeling_carryover import CarryoverDrafterModel
+from .card import render_model_card
+from .checkpoints import CheckpointError, read_config, safetensors_files
+
+
+def _write_weights(drafter: CarryoverDrafterModel | str | Path, folder: Path) -> CarryoverDrafterConfig:
+    """The drafter's config and safetensors weights in `folder` (nothing else is copied from a source folder)."""
+    if isinstance(drafter, CarryoverDrafterModel):
+        drafter.save_pretrained(folder, safe_serialization=True)
+        return drafter.config
+    source = Path(drafter)
+    if not source.is_dir():
+        raise CheckpointError(f"{source} is not a folder; pass a saved drafter folder or a CarryoverDrafterModel.")
+    raw = read_config(source)
+    if raw.get("model_type") != CarryoverDrafterConfig.model_type:
+        raise CheckpointError(
+            f"{source} is not a Carryover drafter (model_type={raw.get('model_type')!r}); "
+            "import DFlash checkpoints first with `carryover-hf convert`."
+        )
+    shutil.copy2(source / "config.json", folder / "config.json")
+    for file in safetensors_files(source):
+        shutil.copy2(file, folder / file.name)
+    if (source / "model.safetensors.index.json").is_file():
+        shutil.copy2(source / "model.safetensors.index.json", folder / "model.safetensors.index.json")
+    return CarryoverDrafterConfig.from_dict(raw)
+
+
+def build_upload_folder(
+    drafter: CarryoverDrafterModel | str | Path,
+    folder: str | Path,
+    repo_id: str,
+    **card_kwargs: Any,
+) -> Path:
+    """Write exactly what `push_to_hub` uploads: config.json, safetensors weights and the rendered README.md."""
+    folder = Path(folder)
+    if folder.exists() and any(folder.iterdir()):
+        raise CheckpointError(f"{folder} is not empty; choose a new folder for the upload.")
+    folder.mkdir(parents=True, exist_ok=True)
+    config = _write_weights(drafter, folder)
+    render_model_card(config, repo_id=repo_id, **card_kwargs).save(folder / "README.md")
+    return folder
+
+
+def push_to_hub(
+    drafter: CarryoverDrafterModel | str | Path,
+    repo_id: str,
+    *,
+    evaluation: Sequence[Mapping[str, Any]] | None = None,
+    training_data: str | None = None,
+    objective: str | None = None,
+    base_model: str | None = None,
+    license: str = "apache-2.0",
+    private: bool = False,
+    token: str | bool | None = None,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    dry_run: str | Path | None = None,
+    api: HfApi | None = None,
+) -> str:
+    """Save `drafter` (a model or a saved folder) with its model card and upload it to `repo_id`.
+
+    The token comes from the usual places (`token=`, `HF_TOKEN`, `hf auth login`). With `dry_run=FOLDER` nothing is
+    uploaded: the exact upload folder is written to FOLDER and its path returned. Otherwise returns the commit URL.
+    """
+    validate_repo_id(repo_id)
+    card_kwargs = dict(
+        evaluation=evaluation, training_data=training_data, objective=objective, base_model=base_model, license=license
+    )
+    if dry_run is not None:
+        return str(build_upload_folder(drafter, dry_run, repo_id, **card_kwargs))
+    api = api or HfApi(token=token)
+    with tempfile.TemporaryDirectory(prefix="carryover-push-") as tmp:
+        folder = build_upload_folder(drafter, Path(tmp) / "upload", repo_id, **card_kwargs)
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        commit = api.upload_folder(
+            repo_id=repo_id,
+            folder_path=folder,
+            repo_type="model",
+            revision=revision,
+            commit_message=commit_message or "Upload Carryover drafter",
+        )
+    return str(getattr(commit, "commit_url", commit))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="carryover-hf push",
+        description="Upload a saved drafter with its rendered model card to the Hugging Face Hub.",
+    )
+    parser.add_argument("drafter", help="folder of a saved Carryover drafter (config.json + *.safetensors)")
+    parser.add_argument("repo_id", help="Hub repository, e.g. org/qwen3-4b-carryover-dflash")
+    parser.add_argument("--evaluation", help="JSON file: a list of rows {category, acceptance_length, "
+                        "acceptance_length_ci, speedup, speedup_ci} for the card's evaluation table")
+    parser.add_argument("--training-data", help="training data description for the card")
+    parser.add_argument("--objective", help="training objective for the card (default: from the config)")
+    parser.add_argument("--base-model", help="target Hub id for the card metadata (default: the recorded target)")
+    parser.add_argument("--license", default="apache-2.0", help="licence identifier for the card metadata")
+    parser.add_argument("--private", action="store_true", help="create the repository as private")
+    parser.add_argument("--revision", help="branch to push to")
+    parser.add_argument("--commit-message", help="commit message")
+    parser.add_argument("--dry-run", metavar="FOLDER", help="write the exact upload folder to FOLDER; upload nothing")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        evaluation = None
+        if args.evaluation:
+            evaluation = json.loads(Path(args.evaluation).read_text())
+            if not isinstance(evaluation, list):
+                raise ValueError(f"{args.evaluation} must hold a JSON list of evaluation rows.")
+        result = push_to_hub(
+            args.drafter,
+            args.repo_id,
+            evaluation=evaluation,
+            training_data=args.training_data,
+            objective=args.objective,
+            base_model=args.base_model,
+            license=args.license,
+            private=args.private,
+            revision=args.revision,
+            commit_message=args.commit_message,
+            dry_run=args.dry_run,
+        )
+    except (CheckpointError, ValueError, OSError) as error:
+        print(f"carryover-hf push: error: {error}", file=sys.stderr)
+        return 1
+    print(f"Wrote the upload folder to {result}" if args.dry_run else f"Uploaded: {result}")
+    return 0
+
+
+__all__ = ["build_upload_folder", "main", "push_to_hub"]

@@ -1,0 +1,126 @@
+"""Model cards: Hub metadata, evaluation table, and a usage snippet that runs against tiny models offline."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+
+from carryover_hf.hub import render_model_card
+from carryover_hf.hub.card import format_evaluation
+from carryover_hf.testing import tiny_drafter, tiny_target
+
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+PROMPT_WORDS = ["speculative", "decoding", "works", "by"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def add_to_hub_cache(cache: Path, repo_id: str, folder: Path) -> None:
+    """Place `folder` in the Hub cache layout: models--org--name/snapshots/<rev>/..., refs/main -> <rev>."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    shutil.copytree(folder, repo / "snapshots" / REVISION)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(REVISION)
+
+
+def save_tiny_tokenizer(folder: Path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", *PROMPT_WORDS] + [f"w{i}" for i in range(len(PROMPT_WORDS) + 1, vocab_size)]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", model_input_names=["input_ids", "attention_mask"]
+    ).save_pretrained(folder)
+
+
+def offline_env(cache: Path, home: Path) -> dict[str, str]:
+    return {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HOME": str(home), "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    target = tiny_target("llama", vocab_size=64, hidden_size=64, num_hidden_layers=4)
+    return tiny_drafter(target, num_hidden_layers=1, block_size=4, target_name_or_path="org/tiny-target")
+
+
+def test_card_carries_hub_metadata_and_the_evaluation_table(drafter, tmp_path):
+    evaluation = [
+        {"category": "translation", "acceptance_length": 2.5, "acceptance_length_ci": [2.41, 2.6],
+         "speedup": 2.5, "speedup_ci": [2.4, 2.61]},
+        {"category": "rag", "acceptance_length": 1.9},
+    ]
+    card = render_model_card(drafter.config, repo_id="org/tiny-carryover-dflash", evaluation=evaluation,
+                             training_data="recorded target responses to 1k prompts")
+    card.save(tmp_path / "README.md")
+    loaded = ModelCard.load(tmp_path / "README.md")
+    assert loaded.data.base_model == "org/tiny-target"
+    assert loaded.data.library_name == "transformers"
+    assert loaded.data.pipeline_tag == "text-generation"
+    assert loaded.data.license == "apache-2.0"
+    assert {"carryover-hf", "speculative-decoding", "dflash", "carryover-dflash"} <= set(loaded.data.tags)
+    text = loaded.text
+    assert "| translation | 2.50 [2.41, 2.60] | 2.50x [2.40, 2.61] |" in text
+    assert "| rag | 1.90 | — |" in text
+    assert "recorded target responses to 1k prompts" in text
+    assert "DFlash block objective" in text  # trained_with_carryover is False
+    assert 'AutoModel.from_pretrained("org/tiny-carryover-dflash"' in text
+    assert "assistant_model=drafter" in text
+
+
+def test_card_without_evaluation_says_so_and_rejects_unknown_columns(drafter):
+    assert "No evaluation results were recorded" in render_model_card(drafter.config).text
+    with pytest.raises(ValueError, match="acceptance"):
+        format_evaluation([{"category": "qa", "acceptence_length": 2.0}])
+
+
+def test_markov_and_speculators_export_cards(tmp_path):
+    target = tiny_target("llama", vocab_size=64, hidden_size=64, num_hidden_layers=4)
+    markov = tiny_drafter(target, drafter_type="markov", target_name_or_path="org/tiny-target")
+    markov.config.trained_with_carryover = True
+    text = render_model_card(markov.config, repo_id="org/tiny-carryover-markov").text
+    assert "Markov" in text and "draft-verify-draft" in text
+    export = render_model_card(markov.config, repo_id="org/tiny-speculators", export_format="speculators")
+    assert "speculators" in export.data.tags
+    assert "without carryover" in export.text and "without the Markov head" in export.text
+    assert '"method": "dflash"' in export.text and '"num_speculative_tokens": 3' in export.text
+
+
+def test_usage_snippet_runs_against_tiny_models_offline(tmp_path):
+    target = tiny_target("llama", vocab_size=64, hidden_size=64, num_hidden_layers=4)
+    drafter = tiny_drafter(target, num_hidden_layers=1, block_size=4, target_name_or_path="org/tiny-target")
+    target.save_pretrained(tmp_path / "target")
+    save_tiny_tokenizer(tmp_path / "target", 64)
+    drafter.save_pretrained(tmp_path / "drafter")
+    card = render_model_card(drafter.config, repo_id="org/tiny-carryover-dflash")
+    card.save(tmp_path / "drafter" / "README.md")
+    cache = tmp_path / "cache"
+    add_to_hub_cache(cache, "org/tiny-target", tmp_path / "target")
+    add_to_hub_cache(cache, "org/tiny-carryover-dflash", tmp_path / "drafter")
+
+    snippet = re.search(r"```python\n(.*?)```", card.text, re.DOTALL).group(1)
+    (tmp_path / "snippet.py").write_text(snippet)
+    result = subprocess.run([sys.executable, str(tmp_path / "snippet.py")], env=offline_env(cache, tmp_path / "home"),
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    decoded, acceptance = result.stdout.strip().splitlines()[-2:]
+    assert decoded.startswith("speculative decoding works by")
+    assert float(acceptance) >= 1.0
