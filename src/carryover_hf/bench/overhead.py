@@ -1,0 +1,151 @@
+"""Carry overhead in isolation: one proposal of the same drafter on the same recorded context, with and without carry.
+
+For each context length L the target runs once over a recorded token sequence; its states at positions `< L` fill the
+drafter's context cache, and its states at `L .. L+B-2` serve as the carry segment (B-1 rows, the most a round can
+carry). A timed proposal is what a decoding round does: the drafter forward over `[anchor, MASK x (B-1)]` plus the
+LM head and argmax over the proposal rows. Proposals with 0 and with B-1 carry rows alternate, so drift affects both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel
+from transformers.cache_utils import DynamicCache
+
+from ..features import gather_target_features, hidden_state_indices
+from ..modeling_carryover import CarryoverDrafterModel
+from .stats import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, bootstrap_interval, mean, mean_difference
+
+
+def _sync(device: torch.device):
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def _time_proposal(drafter, lm_head, block_embeds, block_positions, cache, carry, carry_positions, sync) -> float:
+    """Milliseconds of one proposal: drafter forward (context from `cache`, optional carry rows), LM head, argmax."""
+    sync()
+    start = time.perf_counter()
+    hidden = drafter(
+        block_embeds=block_embeds,
+        block_position_ids=block_positions,
+        carry_features=carry,
+        carry_position_ids=carry_positions,
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state
+    drafter.proposal_logits(hidden[:, 1:], lm_head).argmax(dim=-1)
+    sync()
+    return (time.perf_counter() - start) * 1000.0
+
+
+@torch.no_grad()
+def measure_carry_overhead(
+    target: PreTrainedModel,
+    drafter: CarryoverDrafterModel,
+    token_ids: torch.LongTensor,
+    context_lengths: Sequence[int] = (128, 512, 2048),
+    repeats: int = 30,
+    warmup: int = 3,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    confidence: float = DEFAULT_CONFIDENCE,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Time proposals with 0 and with B-1 carry rows at each context length; returns every timing and its summary.
+
+    `token_ids` (`(1, n)`, a recorded sequence, e.g. prompts followed by the target's own answers) must be at least
+    `max(context_lengths) + block_size - 1` long. Times are in milliseconds.
+    """
+    block_size = drafter.config.block_size
+    num_carry = block_size - 1
+    if token_ids.dim() != 2 or token_ids.shape[0] != 1:
+        raise ValueError(f"token_ids must have shape (1, n), got {tuple(token_ids.shape)}")
+    if repeats < 2:
+        raise ValueError(f"repeats must be at least 2 to give an interval, got {repeats}")
+    needed = max(context_lengths) + num_carry
+    if token_ids.shape[1] < needed:
+        raise ValueError(
+            f"the recorded sequence has {token_ids.shape[1]} tokens; context length {max(context_lengths)} plus "
+            f"{num_carry} carry rows needs {needed}. Lower the context lengths or record a longer sequence."
+        )
+    limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+    if limit is not None and needed + 1 > limit:
+        raise ValueError(f"context length {max(context_lengths)} + block exceeds the target's {limit} positions")
+
+    device, sync = drafter.device, _sync(drafter.device)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    ids = token_ids[:, :needed].to(target.device)
+    outputs = target(ids, output_hidden_states=hidden_state_indices(drafter.config.target_layer_ids))
+    features = gather_target_features(outputs.hidden_states, drafter.config.target_layer_ids).to(device)
+    del outputs
+
+    def positions(start: int, length: int) -> torch.LongTensor:
+        return torch.arange(start, start + length, device=device).unsqueeze(0)
+
+    results = []
+    bar = tqdm(total=len(context_lengths) * (repeats + warmup), desc="carry overhead", disable=not progress)
+    for length in context_lengths:
+        cache = DynamicCache(config=drafter.config)
+        # Fill the context cache once, as the rounds before this one would have.
+        drafter(
+            block_embeds=embed(ids[:, :1]).to(device),
+            block_position_ids=positions(length - 1, 1),
+            context_features=features[:, :length],
+            context_position_ids=positions(0, length),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        block_ids = torch.full((1, block_size), drafter.config.mask_token_id, device=ids.device)
+        block_ids[:, 0] = ids[:, length]
+        block_embeds = embed(block_ids).to(device)
+        carry = features[:, length : length + num_carry]
+
+        times = {False: [], True: []}
+        for step in range(warmup + repeats):
+            order = (False, True) if step % 2 == 0 else (True, False)
+            for with_carry in order:
+                elapsed = _time_proposal(
+                    drafter, lm_head, block_embeds, positions(length, block_size), cache,
+                    carry if with_carry else None, positions(length, num_carry) if with_carry else None, sync,
+                )
+                if step >= warmup:
+                    times[with_carry].append(elapsed)
+            bar.update(1)
+        if cache.get_seq_length() != length:  # proposals must never grow the context cache
+            raise RuntimeError(f"context cache grew to {cache.get_seq_length()} rows during timing (expected {length})")
+        off, on = np.array(times[False]), np.array(times[True])
+        interval = {"n_resamples": n_resamples, "confidence": confidence, "seed": seed}
+        difference = bootstrap_interval([on, off], mean_difference, **interval)
+        relative = bootstrap_interval([on, off], lambda a, b, axis=-1: np.mean(a, axis) / np.mean(b, axis) - 1, **interval)
+        results.append(
+            {
+                "context_length": int(length),
+                "carry_rows": num_carry,
+                "ms_without_carry": bootstrap_interval([off], mean, **interval).to_dict(),
+                "ms_with_carry": bootstrap_interval([on], mean, **interval).to_dict(),
+                "median_ms_without_carry": float(np.median(off)),
+                "median_ms_with_carry": float(np.median(on)),
+                "overhead_ms": difference.to_dict(),
+                "overhead_relative": relative.to_dict(),
+                "times_ms_without_carry": off.tolist(),
+                "times_ms_with_carry": on.tolist(),
+            }
+        )
+    bar.close()
+    return {
+        "block_size": block_size,
+        "repeats": repeats,
+        "warmup": warmup,
+        "device": str(device),
+        "dtype": str(drafter.dtype).removeprefix("torch."),
+        "what_is_timed": "drafter forward over one block + LM head + argmax over the B-1 proposal rows",
+        "by_context_length": results,
+    }
+
+
+__all__ = ["measure_carry_overhead"]

@@ -1,0 +1,495 @@
+"""The benchmark report: every number with its settings and versions as JSON, a markdown summary and PNG plots.
+
+Files written by `write_report(report, folder)`: `results.json`, `results.md`, `acceptance_by_position.png`,
+`speedup_by_category.png`.
+
+Definitions (also written into the report under `definitions`):
+* acceptance length (tau): tokens a verification round adds, bonus included. Micro: all rounds of all prompts
+  pooled (vLLM's `1 + accepted / drafts`). Per prompt: the mean over prompts of each prompt's mean (as DFlash reports).
+* decode throughput: tokens after the first target forward, divided by the time from that forward's output to the
+  end of `generate`; speedup is a method's throughput over the target alone's, pooled over the same prompts.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import json
+import os
+import platform
+import subprocess
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import stats
+
+SCHEMA = "carryover-hf-bench/1"
+OVERALL = "all"
+DEFINITIONS = {
+    "acceptance_length_micro": "sum of tokens added per verification round over all rounds / number of rounds "
+    "(bonus included; rounds after the prefill forward)",
+    "acceptance_length_per_prompt": "mean over prompts of each prompt's mean acceptance length",
+    "position_acceptance": "per draft position j: rounds that accepted the draft at j / rounds that proposed one at j",
+    "decode_tokens_per_second": "tokens after the first target forward / time from its output to the end of generate, "
+    "pooled over prompts",
+    "speedup": "decode_tokens_per_second of the method / that of the target alone, on the same prompts",
+    "drafting_ms_per_round": "time inside the candidate generator per round (drafter forward, picking tokens)",
+    "verification_ms_per_round": "time from the candidates to the acceptance decision per round (target forward, "
+    "acceptance, cache crop)",
+    "intervals": "bootstrap over prompts (scipy.stats.bootstrap, BCa; percentile where BCa is undefined); comparisons "
+    "resample the same prompts for both methods (paired)",
+}
+
+
+# -- summaries -------------------------------------------------------------------------------------------------------
+def _arrays(runs: Sequence) -> dict[str, np.ndarray]:
+    return {
+        "acc_sum": np.array([sum(r.acceptance_lengths) for r in runs], dtype=float),
+        "rounds": np.array([len(r.acceptance_lengths) for r in runs], dtype=float),
+        "decode_tokens": np.array([r.decode_tokens for r in runs], dtype=float),
+        "decode_time": np.array([r.decode_time for r in runs], dtype=float),
+        "new_tokens": np.array([r.new_tokens for r in runs], dtype=float),
+        "total_time": np.array([r.total_time for r in runs], dtype=float),
+        "drafting_ms": np.array([r.drafting_time for r in runs], dtype=float) * 1000,
+        "verification_ms": np.array([r.verification_time for r in runs], dtype=float) * 1000,
+        "prefill_ms": np.array([r.prefill_time for r in runs], dtype=float) * 1000,
+    }
+
+
+def summarize(runs: Sequence, baseline: Sequence, speculative: bool, withheld: str | None, **bootstrap) -> dict:
+    """Metrics of one method over `runs` (one per prompt), with `baseline` the target alone on the same prompts."""
+    a, b = _arrays(runs), _arrays(baseline)
+    out: dict[str, Any] = {
+        "prompts": len(runs),
+        "new_tokens": int(a["new_tokens"].sum()),
+        "rounds": int(a["rounds"].sum()),
+    }
+    if speculative:
+        has_rounds = a["rounds"] > 0
+        out["acceptance_length_micro"] = stats.bootstrap_interval([a["acc_sum"], a["rounds"]], stats.ratio_of_sums, **bootstrap).to_dict()
+        out["acceptance_length_per_prompt"] = stats.bootstrap_interval(
+            [a["acc_sum"][has_rounds] / a["rounds"][has_rounds]], stats.mean, **bootstrap
+        ).to_dict()
+        rates = stats.position_acceptance_rates([r.acceptance_lengths for r in runs], [r.draft_lengths for r in runs])
+        out["position_acceptance"] = rates.to_dict()
+        drafts = sum(sum(r.draft_lengths) for r in runs)
+        out["drafts_per_round"] = drafts / out["rounds"] if out["rounds"] else None
+        out["drafting_ms_per_round"] = stats.bootstrap_interval([a["drafting_ms"], a["rounds"]], stats.ratio_of_sums, **bootstrap).to_dict()
+        out["verification_ms_per_round"] = stats.bootstrap_interval(
+            [a["verification_ms"], a["rounds"]], stats.ratio_of_sums, **bootstrap
+        ).to_dict()
+        carry = [c for r in runs if r.carry_rows is not None for c in r.carry_rows]
+        if any(r.carry_rows is not None for r in runs):
+            out["mean_carry_rows"] = float(np.mean(carry)) if carry else 0.0
+    if withheld:
+        out["speed_withheld"] = withheld
+        return out
+    out["prefill_ms"] = stats.bootstrap_interval([a["prefill_ms"]], stats.mean, **bootstrap).to_dict()
+    out["decode_tokens_per_second"] = stats.bootstrap_interval(
+        [a["decode_tokens"], a["decode_time"]], stats.ratio_of_sums, **bootstrap
+    ).to_dict()
+    out["end_to_end_tokens_per_second"] = stats.bootstrap_interval(
+        [a["new_tokens"], a["total_time"]], stats.ratio_of_sums, **bootstrap
+    ).to_dict()
+    out["speedup"] = stats.bootstrap_interval(
+        [a["decode_tokens"], a["decode_time"], b["decode_tokens"], b["decode_time"]], stats.ratio_of_rates, **bootstrap
+    ).to_dict()
+    return out
+
+
+def compare(runs_a: Sequence, runs_b: Sequence, speed: bool, **bootstrap) -> dict:
+    """Paired comparison of method a against b on the same prompts (a minus b, a over b)."""
+    a, b = _arrays(runs_a), _arrays(runs_b)
+    both = (a["rounds"] > 0) & (b["rounds"] > 0)
+    rates = [a["acc_sum"], a["rounds"], b["acc_sum"], b["rounds"]]
+    out = {
+        "prompts": len(runs_a),
+        "acceptance_length_micro_difference": stats.bootstrap_interval(rates, stats.difference_of_rates, **bootstrap).to_dict(),
+        "acceptance_length_relative_gain": stats.bootstrap_interval(
+            rates, stats.relative_difference_of_rates, **bootstrap
+        ).to_dict(),
+        "acceptance_length_per_prompt_difference": stats.bootstrap_interval(
+            [a["acc_sum"][both] / a["rounds"][both], b["acc_sum"][both] / b["rounds"][both]],
+            stats.mean_difference,
+            **bootstrap,
+        ).to_dict(),
+    }
+    if speed:
+        out["speed_ratio"] = stats.bootstrap_interval(
+            [a["decode_tokens"], a["decode_time"], b["decode_tokens"], b["decode_time"]], stats.ratio_of_rates, **bootstrap
+        ).to_dict()
+    else:
+        out["speed_withheld"] = "a method failed the greedy correctness gate"
+    return out
+
+
+def _correctness(runs: Sequence, tolerance: float) -> dict:
+    greedy = [r for r in runs if r.check is not None]
+    by_method: dict[str, dict] = {}
+    for method in dict.fromkeys(r.method for r in greedy):
+        checks = [r.check for r in greedy if r.method == method]
+        gaps = [c["max_gap_after_divergence"] for c in checks if "max_gap_after_divergence" in c]
+        by_method[method] = {
+            "prompts": len(checks),
+            "identical": sum(c["identical"] for c in checks),
+            "mean_agreement": float(np.mean([c["agreement"] for c in checks])),
+            "diverged_at_near_tie": sum(not c["identical"] and c["passed"] for c in checks),
+            "failed": sum(not c["passed"] for c in checks),
+            "max_gap_after_divergence": max(gaps) if gaps else None,
+        }
+    failures = [
+        {"method": r.method, "prompt_id": r.prompt_id, **{k: v for k, v in r.check.items() if k != "identical"}}
+        for r in greedy
+        if not r.check["passed"]
+    ]
+    return {
+        "checked": bool(greedy),
+        "tolerance": tolerance,
+        "rule": "greedy speculative outputs must equal the target alone; where they part, the target's logits of both "
+        "tokens on the shared prefix, and of every later token of the speculative output on its own prefix, must lie "
+        "within `tolerance` of the target's top logit (tolerance 0: identical tokens required)",
+        "passed": not failures,
+        "by_method": by_method,
+        "failures": failures,
+    }
+
+
+# -- environment ---------------------------------------------------------------------------------------------------
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> dict[str, Any] | None:
+    root = Path(__file__).resolve().parents[3]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False)
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if commit.returncode != 0:
+        return None
+    return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    packages = ["carryover-hf", "torch", "transformers", "accelerate", "safetensors", "numpy", "scipy", "matplotlib", "tqdm"]
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "packages": {p: _version(p) for p in packages},
+        "git": _git_commit(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        env["cuda"] = torch.version.cuda
+        env["gpu"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def _parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# -- the report ----------------------------------------------------------------------------------------------------
+def _select(index: Mapping, prompts: Sequence, method: str, group: str) -> list:
+    """The runs of `method` on the prompts of `group`, in prompt order (the same order for every method: paired)."""
+    return [index[(method, p.id)] for p in prompts if group in (OVERALL, p.category)]
+
+
+def build_report(
+    runs: Sequence,
+    methods: Sequence,
+    skipped: Sequence[dict],
+    comparisons: Sequence[tuple[str, str]],
+    prompts: Sequence,
+    settings,
+    tie_tolerance: float,
+    target,
+    drafters: Mapping[str, Any],
+    overhead: Mapping[str, Any],
+    run_info: Mapping[str, Any],
+) -> dict[str, Any]:
+    bootstrap = {"n_resamples": settings.bootstrap_resamples, "confidence": settings.confidence, "seed": settings.seed}
+    correctness = _correctness(runs, tie_tolerance)
+    failed = {f["method"] for f in correctness["failures"]}
+    categories = sorted({p.category for p in prompts})
+    groups = [OVERALL] + (categories if len(categories) > 1 else [])
+    speculative = {m.name: m.speculative for m in methods}
+
+    results = []
+    for temperature in settings.temperatures:
+        index = {(r.method, r.prompt_id): r for r in runs if r.temperature == float(temperature)}
+        select = functools.partial(_select, index, prompts)
+
+        summary = {
+            m.name: {
+                g: summarize(
+                    select(m.name, g),
+                    select("target", g),
+                    speculative[m.name],
+                    "failed the greedy correctness gate" if m.name in failed else None,
+                    **bootstrap,
+                )
+                for g in groups
+            }
+            for m in methods
+        }
+        pairs = [
+            {"a": a, "b": b, **{g: compare(select(a, g), select(b, g), a not in failed and b not in failed, **bootstrap) for g in groups}}
+            for a, b in comparisons
+        ]
+        results.append({"temperature": float(temperature), "summary": summary, "comparisons": pairs})
+
+    text = target.config.get_text_config()
+    return {
+        "schema": SCHEMA,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "run": dict(run_info),
+        "settings": {**asdict(settings), "tie_tolerance_used": tie_tolerance, "dtype": str(target.dtype).removeprefix("torch.")},
+        "environment": environment(target.device),
+        "target": {
+            "name_or_path": target.config._name_or_path or None,
+            "model_type": target.config.model_type,
+            "num_hidden_layers": text.num_hidden_layers,
+            "hidden_size": text.hidden_size,
+            "vocab_size": text.vocab_size,
+            "parameters": _parameters(target),
+        },
+        "drafters": {
+            name: {
+                "name_or_path": d.config._name_or_path or None,
+                "drafter_type": d.config.drafter_type,
+                "block_size": d.config.block_size,
+                "num_hidden_layers": d.config.num_hidden_layers,
+                "target_layer_ids": list(d.config.target_layer_ids),
+                "trained_with_carryover": d.config.trained_with_carryover,
+                "parameters": _parameters(d),
+            }
+            for name, d in drafters.items()
+        },
+        "prompts": {
+            "count": len(prompts),
+            "by_category": dict(Counter(p.category for p in prompts)),
+            "multi_turn_first_turn_only": sum(p.meta.get("num_turns", 1) > 1 for p in prompts),
+            "ids": [p.id for p in prompts],
+        },
+        "methods": [m.describe() for m in methods],
+        "skipped_methods": list(skipped),
+        "groups": groups,
+        "definitions": DEFINITIONS,
+        "correctness": correctness,
+        "results": results,
+        "overhead": dict(overhead),
+        "runs": [r.to_dict() for r in runs],
+    }
+
+
+# -- rendering -----------------------------------------------------------------------------------------------------
+def _fmt(interval: Mapping | None, scale: float = 1.0, digits: int = 2, suffix: str = "") -> str:
+    if not interval or interval.get("estimate") is None:
+        return "–"
+    text = f"{interval['estimate'] * scale:.{digits}f}{suffix}"
+    if interval.get("ci_low") is not None:
+        text += f" [{interval['ci_low'] * scale:.{digits}f}, {interval['ci_high'] * scale:.{digits}f}]"
+    return text
+
+
+def to_markdown(report: Mapping[str, Any]) -> str:
+    s = report["settings"]
+    target = report["target"]["name_or_path"] or report["target"]["model_type"]
+    confidence = round(s["confidence"] * 100)
+    lines = [
+        f"# Benchmark: {target}",
+        "",
+        f"{report['created']} · {report['prompts']['count']} prompts ({', '.join(f'{k} {v}' for k, v in report['prompts']['by_category'].items())}) · "
+        f"max_new_tokens {s['max_new_tokens']} · {s['dtype']} on {report['environment']['device']}"
+        + (f" ({report['environment']['gpu']})" if report["environment"].get("gpu") else "")
+        + f" · seed {s['seed']} · {confidence}% bootstrap intervals over prompts ({s['bootstrap_resamples']} resamples)",
+        "",
+        (
+            "tau: acceptance length per verification round, bonus included (micro: pooled over rounds; per prompt: "
+            "mean of prompt means). Speedup: decode throughput over the target alone on the same prompts."
+        ),
+    ]
+    multi_turn = report["prompts"].get("multi_turn_first_turn_only")
+    if multi_turn:
+        lines += ["", f"{multi_turn} multi-turn prompts were benchmarked on their first turn only."]
+    correctness = report["correctness"]
+    for block in report["results"]:
+        t = block["temperature"]
+        lines += ["", f"## Temperature {t:g}", ""]
+        lines += [
+            "| method | tau micro | tau per prompt | decode tok/s | speedup | draft ms/round | verify ms/round | greedy agreement |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for method, groups in block["summary"].items():
+            m = groups[OVERALL]
+            check = correctness["by_method"].get(method) if t == 0 else None
+            agreement = (
+                f"{check['identical']}/{check['prompts']} identical, {check['diverged_at_near_tie']} near-tie, "
+                f"{check['mean_agreement']:.1%} tokens"
+                + (f", {check['failed']} FAILED" if check["failed"] else "")
+                if check
+                else "–"
+            )
+            withheld = "withheld" if "speed_withheld" in m else None
+            lines.append(
+                f"| {method} | {_fmt(m.get('acceptance_length_micro'))} | {_fmt(m.get('acceptance_length_per_prompt'))} | "
+                f"{withheld or _fmt(m.get('decode_tokens_per_second'), digits=1)} | {withheld or _fmt(m.get('speedup'), suffix='x')} | "
+                f"{_fmt(m.get('drafting_ms_per_round'))} | {_fmt(m.get('verification_ms_per_round'))} | {agreement} |"
+            )
+        groups = report["groups"]
+        if len(groups) > 1:
+            for title, key, suffix in (("Speedup by category", "speedup", "x"), ("tau (micro) by category", "acceptance_length_micro", "")):
+                lines += ["", f"### {title}", "", "| method | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
+                for method, by_group in block["summary"].items():
+                    if method == "target":
+                        continue
+                    lines.append(f"| {method} | " + " | ".join(_fmt(by_group[g].get(key), suffix=suffix) for g in groups) + " |")
+        if block["comparisons"]:
+            lines += [
+                "",
+                "### Paired comparisons (A vs B, same prompts)",
+                "",
+                "| A | B | delta tau micro | tau gain | delta tau per prompt | speed ratio A/B |",
+                "| --- | --- | --- | --- | --- | --- |",
+            ]
+            for c in block["comparisons"]:
+                m = c[OVERALL]
+                lines.append(
+                    f"| {c['a']} | {c['b']} | {_fmt(m['acceptance_length_micro_difference'], digits=3)} | "
+                    f"{_fmt(m['acceptance_length_relative_gain'], scale=100, digits=1, suffix='%')} | "
+                    f"{_fmt(m['acceptance_length_per_prompt_difference'], digits=3)} | "
+                    f"{'withheld' if 'speed_withheld' in m else _fmt(m['speed_ratio'], digits=3, suffix='x')} |"
+                )
+    if report["overhead"]:
+        lines += [
+            "",
+            "## Carry overhead in isolation",
+            "",
+            "One proposal (drafter forward + LM head + argmax) on the same recorded context, with 0 and with B-1 carry rows.",
+            "",
+            "| drafter | context | ms, no carry | ms, B-1 carry rows | overhead ms | overhead |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for name, result in report["overhead"].items():
+            for row in result["by_context_length"]:
+                lines.append(
+                    f"| {name} | {row['context_length']} | {_fmt(row['ms_without_carry'], digits=3)} | "
+                    f"{_fmt(row['ms_with_carry'], digits=3)} | {_fmt(row['overhead_ms'], digits=3)} | "
+                    f"{_fmt(row['overhead_relative'], scale=100, digits=1, suffix='%')} |"
+                )
+    lines += ["", "## Correctness", ""]
+    if correctness["checked"]:
+        lines.append(
+            f"Greedy gate: {'PASSED' if correctness['passed'] else 'FAILED'} (tolerance {correctness['tolerance']} logits; "
+            f"{correctness['rule']})."
+        )
+        for f in correctness["failures"][:20]:
+            lines.append(f"* {f['method']} on {f['prompt_id']}: {f.get('reason')}")
+    else:
+        lines.append("No greedy run (temperature 0), so no output was checked; sampled runs report acceptance and speed only.")
+    if report["skipped_methods"]:
+        lines += ["", "## Skipped methods", ""] + [f"* {s['name']}: {s['reason']}" for s in report["skipped_methods"]]
+    env = report["environment"]
+    lines += [
+        "",
+        "## Environment",
+        "",
+        f"python {env['python']} · " + " · ".join(f"{k} {v}" for k, v in env["packages"].items() if v)
+        + (f" · git {env['git']['commit'][:10]}{' (dirty)' if env['git']['dirty'] else ''}" if env.get("git") else ""),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot_acceptance_by_position(report: Mapping[str, Any], path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    blocks = report["results"]
+    fig, axes = plt.subplots(1, len(blocks), figsize=(5.5 * len(blocks), 4), squeeze=False)
+    for ax, block in zip(axes[0], blocks):
+        for method, groups in block["summary"].items():
+            rates = groups[OVERALL].get("position_acceptance", {}).get("rates")
+            if rates:
+                xs = [j + 1 for j, r in enumerate(rates) if r is not None]
+                ax.plot(xs, [r for r in rates if r is not None], marker="o", markersize=3, label=method)
+        ax.set_title(f"T = {block['temperature']:g}")
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("acceptance rate (given proposed)")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Acceptance by draft position")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_speedup_by_category(report: Mapping[str, Any], path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    blocks, groups = report["results"], report["groups"]
+    fig, axes = plt.subplots(1, len(blocks), figsize=(max(6, 1.6 * len(groups)) * len(blocks), 4), squeeze=False)
+    for ax, block in zip(axes[0], blocks):
+        methods = [m for m in block["summary"] if m != "target"]
+        width = 0.8 / max(len(methods), 1)
+        for i, method in enumerate(methods):
+            values, lows, highs = [], [], []
+            for g in groups:
+                s = block["summary"][method][g].get("speedup") or {}
+                est = s.get("estimate")
+                values.append(np.nan if est is None else est)
+                lows.append(0 if s.get("ci_low") is None or est is None else est - s["ci_low"])
+                highs.append(0 if s.get("ci_high") is None or est is None else s["ci_high"] - est)
+            xs = np.arange(len(groups)) + (i - (len(methods) - 1) / 2) * width
+            ax.bar(xs, values, width, yerr=[lows, highs], capsize=2, label=method)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(np.arange(len(groups)), groups, rotation=20)
+        ax.set_ylabel("speedup over target alone")
+        ax.set_title(f"T = {block['temperature']:g}")
+        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"Decode speedup by category ({round(report['settings']['confidence'] * 100)}% CI)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(report: Mapping[str, Any], output_dir: str | Path) -> dict[str, Path]:
+    """Writes results.json, results.md and the two plots into `output_dir`; returns their paths."""
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "json": folder / "results.json",
+        "markdown": folder / "results.md",
+        "acceptance_plot": folder / "acceptance_by_position.png",
+        "speedup_plot": folder / "speedup_by_category.png",
+    }
+    paths["json"].write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
+    paths["markdown"].write_text(to_markdown(report))
+    plot_acceptance_by_position(report, paths["acceptance_plot"])
+    plot_speedup_by_category(report, paths["speedup_plot"])
+    return paths
+
+
+__all__ = ["DEFINITIONS", "SCHEMA", "build_report", "compare", "summarize", "to_markdown", "write_report"]

@@ -1,0 +1,570 @@
+"""`run_benchmark`: every method on the same prompts in one process, interleaved per prompt, with a correctness gate.
+
+Methods (see `METHOD_KINDS`): the target alone, Transformers' prompt lookup decoding, and per drafter: Transformers'
+native DFlash path with the drafter's weights, the drafter with its carry segment off, and with it on. For each
+prompt all methods run back to back, starting at a different method for each prompt, so that machine drift and
+warm caches affect all of them alike.
+
+Each speculative `generate` call is observed through two hooks that do not change what it computes: a streamer (the
+time of every batch of new tokens) and a thin wrapper around whatever candidate generator Transformers picked (drafts
+proposed, drafts accepted and time per round). The first forward of the target (the prefill; for prompt lookup it
+also verifies drafts found in the prompt) is kept apart: acceptance and decode statistics start after it, for every
+method alike.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, set_seed
+from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.streamers import BaseStreamer
+
+from ..compatibility import check_compatibility
+from ..modeling_carryover import CarryoverDrafterModel
+from .native import NativeDFlashUnavailable, to_native_dflash
+from .prompts import Prompt, encode_prompt
+
+GLOBAL_METHODS = ("target", "prompt_lookup")
+DRAFTER_METHODS = ("dflash_native", "carry_off", "carry_on")
+METHOD_KINDS = GLOBAL_METHODS + DRAFTER_METHODS
+# Default greedy tie tolerance (in logits) per dtype: 0 means outputs must be token-identical.
+DEFAULT_TIE_TOLERANCE = {"float32": 0.0, "float64": 0.0, "bfloat16": 1.0, "float16": 0.25}
+
+
+class CorrectnessError(RuntimeError):
+    """A speculative method produced text the target alone would not have produced (see the report's `correctness`)."""
+
+
+@dataclass
+class BenchmarkSettings:
+    """What to measure. Every field is recorded in the report."""
+
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0], metadata={"help": "Sampling temperatures; 0 is greedy."})
+    max_new_tokens: int = field(default=128, metadata={"help": "New tokens per prompt (fewer if the target stops)."})
+    seed: int = field(default=0, metadata={"help": "Seed: prompt i of every method is generated after set_seed(seed + i)."})
+    methods: list[str] = field(
+        default_factory=lambda: list(METHOD_KINDS),
+        metadata={"help": f"Methods to run, from {list(METHOD_KINDS)}; drafter methods run for every drafter."},
+    )
+    prompt_lookup_num_tokens: int = field(default=10, metadata={"help": "Drafts per round of prompt lookup decoding."})
+    max_matching_ngram_size: int = field(default=2, metadata={"help": "Longest n-gram prompt lookup matches."})
+    tie_tolerance: float | None = field(
+        default=None,
+        metadata={"help": "Greedy gate: largest logit gap allowed where a speculative output departs from the target "
+                  f"alone (defaults per dtype: {DEFAULT_TIE_TOLERANCE}); 0 demands identical tokens."},
+    )
+    warmup: int = field(default=1, metadata={"help": "Untimed warm-up generations per method before measuring."})
+    bootstrap_resamples: int = field(default=9999, metadata={"help": "Bootstrap resamples per interval."})
+    confidence: float = field(default=0.95, metadata={"help": "Confidence level of the intervals."})
+    compare: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Extra paired comparisons 'A,B' of method names (A minus B); defaults cover carry on vs off, "
+                  "off vs native DFlash, and drafters against each other."},
+    )
+    overhead: bool = field(default=True, metadata={"help": "Measure the carry overhead of each drafter in isolation."})
+    overhead_context_lengths: list[int] = field(
+        default_factory=lambda: [128, 512, 2048], metadata={"help": "Context lengths of the overhead measurement."}
+    )
+    overhead_repeats: int = field(default=30, metadata={"help": "Timed proposals per setting in the overhead measurement."})
+    fail_on_mismatch: bool = field(
+        default=True, metadata={"help": "Raise after writing the report when a greedy output fails the gate."}
+    )
+
+    def validate(self) -> None:
+        bad = [m for m in self.methods if m not in METHOD_KINDS]
+        if bad:
+            raise ValueError(f"unknown methods {bad}; choose from {list(METHOD_KINDS)}")
+        if not self.temperatures or any(t < 0 for t in self.temperatures):
+            raise ValueError(f"temperatures must be a non-empty list of values >= 0, got {self.temperatures}")
+        if len(set(self.temperatures)) != len(self.temperatures):
+            raise ValueError(f"temperatures are repeated: {self.temperatures}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"confidence must lie in (0, 1), got {self.confidence}")
+        if self.bootstrap_resamples < 100:
+            raise ValueError(f"bootstrap_resamples must be at least 100, got {self.bootstrap_resamples}")
+        if self.tie_tolerance is not None and self.tie_tolerance < 0:
+            raise ValueError(f"tie_tolerance must be >= 0, got {self.tie_tolerance}")
+        if self.overhead and (not self.overhead_context_lengths or min(self.overhead_context_lengths) < 1):
+            raise ValueError(f"overhead_context_lengths must be positive, got {self.overhead_context_lengths}")
+        if self.overhead and self.overhead_repeats < 2:
+            raise ValueError(f"overhead_repeats must be at least 2, got {self.overhead_repeats}")
+        for pair in self.compare:
+            if len(pair.split(",")) != 2:
+                raise ValueError(f"--compare takes 'A,B' (two method names), got {pair!r}")
+
+
+@dataclass
+class Method:
+    """One way of generating. `drafter` is the Carryover drafter (or its native DFlash copy) it uses, if any."""
+
+    name: str
+    kind: str
+    drafter_name: str | None = None
+    assistant: PreTrainedModel | None = None
+    use_carryover: bool | None = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.kind != "target"
+
+    def generate_kwargs(self, settings: BenchmarkSettings) -> dict[str, Any]:
+        if self.kind == "prompt_lookup":
+            return {
+                "prompt_lookup_num_tokens": settings.prompt_lookup_num_tokens,
+                "max_matching_ngram_size": settings.max_matching_ngram_size,
+            }
+        if self.kind == "dflash_native":
+            return {"assistant_model": self.assistant, "speculation_type": "dflash"}
+        if self.kind in ("carry_off", "carry_on"):
+            return {"assistant_model": self.assistant}
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "drafter": self.drafter_name, "use_carryover": self.use_carryover}
+
+
+@dataclass
+class PromptRun:
+    """What one method did on one prompt at one temperature. Times in seconds."""
+
+    prompt_id: str
+    category: str
+    method: str
+    temperature: float
+    prompt_tokens: int
+    new_tokens: int
+    total_time: float
+    prefill_time: float
+    prefill_tokens: int  # tokens produced by the first target forward
+    decode_tokens: int
+    decode_time: float
+    acceptance_lengths: list[int] = field(default_factory=list)  # per decoding round, bonus included
+    draft_lengths: list[int] = field(default_factory=list)
+    drafting_time: float = 0.0
+    verification_time: float = 0.0
+    carry_rows: list[int] | None = None
+    check: dict[str, Any] | None = None  # greedy gate result (speculative methods at T=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# -- observing a generate call -----------------------------------------------------------------------------------
+def _synchronizer(device: torch.device) -> Callable[[], None]:
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+class _TokenClock(BaseStreamer):
+    """Streamer recording when each batch of tokens arrives: the prompt first, then one batch per target forward."""
+
+    def __init__(self, sync: Callable[[], None]):
+        self.sync, self.times, self.counts, self.end_time = sync, [], [], None
+
+    def put(self, value: torch.Tensor) -> None:
+        self.times.append(time.perf_counter())
+        self.counts.append(int(value.numel()))
+
+    def end(self) -> None:
+        self.sync()
+        self.end_time = time.perf_counter()
+
+
+class _RoundRecorder(CandidateGenerator):
+    """Delegates to Transformers' chosen candidate generator and logs drafts, acceptances and times of each round."""
+
+    def __init__(self, inner: CandidateGenerator, sync: Callable[[], None]):
+        self.inner, self.sync = inner, sync
+        self.rounds: list[dict[str, float]] = []
+        self._pending: dict[str, float] | None = None
+
+    @property
+    def requires_model_outputs(self) -> bool:  # type: ignore[override]
+        return getattr(self.inner, "requires_model_outputs", False)
+
+    @property
+    def model_kwargs_overrides(self) -> dict[str, Any]:
+        return getattr(self.inner, "model_kwargs_overrides", {})
+
+    def get_candidates(self, input_ids: torch.LongTensor, *args, **kwargs):
+        self.sync()
+        start = time.perf_counter()
+        candidates, logits = self.inner.get_candidates(input_ids, *args, **kwargs)
+        self.sync()
+        end = time.perf_counter()
+        self._pending = {"drafts": candidates.shape[1] - input_ids.shape[1], "drafting": end - start, "verify_start": end}
+        return candidates, logits
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
+        self.sync()
+        pending, self._pending = self._pending, None
+        pending["verification"] = time.perf_counter() - pending.pop("verify_start")
+        pending["accepted"] = int(num_matches)
+        self.rounds.append(pending)
+        self.inner.update_candidate_strategy(input_ids, scores, num_matches)
+
+
+def _pad_token_id(target: PreTrainedModel) -> int:
+    config = target.generation_config
+    if config.pad_token_id is not None:
+        return config.pad_token_id
+    eos = config.eos_token_id
+    return (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
+
+
+def sampling_kwargs(temperature: float) -> dict[str, Any]:
+    """Greedy at 0; otherwise plain temperature sampling (top-k and top-p off, so T alone sets the distribution)."""
+    if temperature == 0:
+        return {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
+    return {"do_sample": True, "temperature": float(temperature), "top_k": 0, "top_p": 1.0}
+
+
+@torch.no_grad()
+def run_method(
+    target: PreTrainedModel,
+    method: Method,
+    input_ids: torch.LongTensor,
+    temperature: float,
+    settings: BenchmarkSettings,
+    seed: int,
+    max_new_tokens: int | None = None,
+) -> tuple[torch.LongTensor, dict[str, Any]]:
+    """One `generate` call, timed and observed. Returns the new tokens and the raw measurements."""
+    sync = _synchronizer(target.device)
+    clock = _TokenClock(sync)
+    recorder: _RoundRecorder | None = None
+    if method.speculative:
+        original = target._get_candidate_generator  # bound method; an instance attribute shadows it for this call only
+
+        def observed(self, **kwargs):
+            nonlocal recorder
+            recorder = _RoundRecorder(original(**kwargs), sync)
+            return recorder
+
+        target._get_candidate_generator = types.MethodType(observed, target)
+    drafter = method.assistant if isinstance(method.assistant, CarryoverDrafterModel) else None
+    previous_carry = drafter.config.use_carryover if drafter is not None else None
+    try:
+        if drafter is not None:
+            drafter.config.use_carryover = bool(method.use_carryover)
+        set_seed(seed)
+        input_ids = input_ids.to(target.device)
+        sync()
+        start = time.perf_counter()
+        output = target.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens or settings.max_new_tokens,
+            pad_token_id=_pad_token_id(target),
+            streamer=clock,
+            **sampling_kwargs(temperature),
+            **method.generate_kwargs(settings),
+        )
+        sync()
+        total = time.perf_counter() - start
+    finally:
+        if method.speculative:
+            del target._get_candidate_generator
+        if drafter is not None:
+            drafter.config.use_carryover = previous_carry
+    new_tokens = output[0, input_ids.shape[1] :].cpu()
+    if len(clock.times) < 2 or clock.end_time is None:
+        raise RuntimeError(f"{method.name}: the streamer saw no generated tokens; cannot time this run")
+    end = clock.end_time
+    rounds = recorder.rounds[1:] if recorder is not None else []  # round 0 is the prefill forward
+    measured = {
+        "total_time": total,
+        "prefill_time": clock.times[1] - start,
+        "prefill_tokens": clock.counts[1],
+        "decode_tokens": int(new_tokens.numel()) - clock.counts[1],
+        "decode_time": end - clock.times[1],
+        "acceptance_lengths": [r["accepted"] + 1 for r in rounds],
+        "draft_lengths": [r["drafts"] for r in rounds],
+        "drafting_time": sum(r["drafting"] for r in rounds),
+        "verification_time": sum(r["verification"] for r in rounds),
+        "carry_rows": list(drafter.last_generation_stats.carry_rows) if drafter is not None else None,
+    }
+    if method.speculative and recorder is None:
+        raise RuntimeError(f"{method.name}: generate did not use a candidate generator; the method is misconfigured")
+    return new_tokens, measured
+
+
+# -- the greedy correctness gate -----------------------------------------------------------------------------------
+@torch.no_grad()
+def check_greedy_output(
+    target: PreTrainedModel,
+    prompt_ids: torch.LongTensor,
+    reference: torch.LongTensor,
+    candidate: torch.LongTensor,
+    tolerance: float,
+) -> dict[str, Any]:
+    """Compare a speculative greedy output with the target-alone output.
+
+    Identical outputs pass. With `tolerance == 0` any difference fails. Otherwise the outputs may part only at a
+    near-tie: on the shared prefix the target's logits of both tokens must lie within `tolerance` of its top logit;
+    and every later token of the candidate must also be a near-argmax of the target on the candidate's own prefix
+    (one forward over the whole candidate), so that nothing past the split is wrong either.
+    """
+    reference, candidate = reference.tolist(), candidate.tolist()
+    length = max(len(reference), len(candidate))
+    split = next((i for i, (a, b) in enumerate(zip(reference, candidate)) if a != b), None)
+    if split is None and len(reference) == len(candidate):
+        return {"identical": True, "agreement": 1.0, "first_divergence": None, "passed": True}
+    result: dict[str, Any] = {"identical": False, "first_divergence": split, "tolerance": tolerance}
+    if split is None:  # one output is a proper prefix of the other: they stopped differently
+        result.update(agreement=min(len(reference), len(candidate)) / length, passed=False,
+                      reason=f"outputs agree but stop at different lengths ({len(reference)} vs {len(candidate)} tokens)")
+        return result
+    result["agreement"] = split / length
+    sequence = torch.cat([prompt_ids[0].cpu(), torch.tensor(candidate)]).unsqueeze(0).to(target.device)
+    logits = target(sequence).logits[0, prompt_ids.shape[1] - 1 : -1].float()  # row j predicts candidate token j
+    top2 = logits.topk(2, dim=-1).values
+    top = top2[:, 0]
+    chosen_gap = (top - logits[torch.arange(len(candidate)), torch.tensor(candidate, device=logits.device)]).cpu()
+    reference_gap = float(top[split] - logits[split, reference[split]])
+    worst = int(chosen_gap[split:].argmax()) + split
+    result.update(
+        top_two_gap_at_divergence=float(top2[split, 0] - top2[split, 1]),
+        reference_token_gap=reference_gap,
+        candidate_token_gap=float(chosen_gap[split]),
+        max_gap_after_divergence=float(chosen_gap[split:].max()),
+        passed=bool(tolerance > 0 and max(reference_gap, float(chosen_gap[split:].max())) <= tolerance),
+    )
+    if tolerance == 0:
+        result["reason"] = f"outputs differ at new token {split} and the tolerance is 0 (exact dtype)"
+    elif not result["passed"]:
+        result["reason"] = (
+            f"at new token {worst} the token chosen is {float(chosen_gap[worst]):.4g} logits below the target's top "
+            f"(reference token gap at the split: {reference_gap:.4g}); tolerance {tolerance}"
+        )
+    return result
+
+
+# -- the benchmark -------------------------------------------------------------------------------------------------
+def build_methods(
+    drafters: Mapping[str, CarryoverDrafterModel],
+    settings: BenchmarkSettings,
+    native_dflash: Callable[[CarryoverDrafterModel], PreTrainedModel] | None = to_native_dflash,
+) -> tuple[list[Method], list[dict[str, Any]]]:
+    """The methods to run, and the ones skipped with the reason."""
+    methods, skipped = [Method("target", "target")], []
+    if "prompt_lookup" in settings.methods:
+        methods.append(Method("prompt_lookup", "prompt_lookup"))
+    for name, drafter in drafters.items():
+        if "dflash_native" in settings.methods:
+            try:
+                if native_dflash is None:
+                    raise NativeDFlashUnavailable("no exporter to Transformers' DFlash model was given")
+                methods.append(Method(f"{name}/dflash_native", "dflash_native", name, native_dflash(drafter), False))
+            except NativeDFlashUnavailable as error:
+                skipped.append({"name": f"{name}/dflash_native", "reason": str(error)})
+        for kind, carry in (("carry_off", False), ("carry_on", True)):
+            if kind in settings.methods:
+                methods.append(Method(f"{name}/{kind}", kind, name, drafter, carry))
+    return methods, skipped
+
+
+def default_comparisons(methods: Sequence[Method], drafter_names: Sequence[str]) -> list[tuple[str, str]]:
+    """Carry on vs off per drafter; off vs native DFlash; and each later drafter against each earlier one."""
+    names = {m.name for m in methods}
+    pairs = []
+    for d in drafter_names:
+        pairs += [(f"{d}/carry_on", f"{d}/carry_off"), (f"{d}/carry_off", f"{d}/dflash_native")]
+    for i, later in enumerate(drafter_names):
+        for earlier in drafter_names[:i]:
+            pairs += [(f"{later}/carry_on", f"{earlier}/carry_off"), (f"{later}/carry_on", f"{earlier}/carry_on")]
+    return [(a, b) for a, b in pairs if a in names and b in names]
+
+
+def _require_bench_extras() -> None:
+    import importlib.util
+
+    missing = [name for name in ("scipy", "matplotlib") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(f"the benchmark needs {missing}; install them with `pip install 'carryover-hf[bench]'`")
+
+
+def _tie_tolerance(settings: BenchmarkSettings, dtype: torch.dtype) -> float:
+    if settings.tie_tolerance is not None:
+        return settings.tie_tolerance
+    return DEFAULT_TIE_TOLERANCE.get(str(dtype).removeprefix("torch."), 0.0)
+
+
+def run_benchmark(
+    target: PreTrainedModel,
+    drafters: Mapping[str, CarryoverDrafterModel],
+    prompts: Sequence[Prompt],
+    tokenizer=None,
+    settings: BenchmarkSettings | None = None,
+    output_dir: str | None = None,
+    progress: bool = True,
+    chat_template: bool = True,
+    native_dflash: Callable[[CarryoverDrafterModel], PreTrainedModel] | None = to_native_dflash,
+    run_info: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Benchmark `drafters` (name -> drafter) against the target alone and its peers; returns the report dict.
+
+    With `output_dir`, writes `results.json`, `results.md` and the plots there (see `carryover_hf.bench.report`).
+    A greedy output that fails the correctness gate has its speed withheld from the report; with
+    `settings.fail_on_mismatch` a `CorrectnessError` is raised after the report is written.
+    """
+    from .report import build_report, write_report
+
+    settings = settings or BenchmarkSettings()
+    settings.validate()
+    _require_bench_extras()
+    # Everything that can be wrong is checked before the first generate call.
+    for name, drafter in drafters.items():
+        if not isinstance(drafter, CarryoverDrafterModel):
+            raise TypeError(f"drafter {name!r} is a {type(drafter).__name__}, expected a CarryoverDrafterModel")
+        check_compatibility(drafter.config, target.config, check_name=False)
+        if "/" in name or "," in name:
+            raise ValueError(f"drafter name {name!r} may not contain '/' or ','")
+    if not prompts:
+        raise ValueError("no prompts to benchmark")
+    encoded = {p.id: encode_prompt(p, tokenizer, chat_template) for p in prompts}
+    limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+    too_long = [p for p, ids in encoded.items() if limit and ids.shape[1] + settings.max_new_tokens > limit]
+    if too_long:
+        raise ValueError(f"prompts {too_long[:5]} plus max_new_tokens exceed the target's {limit} positions")
+    if settings.overhead and drafters and limit:
+        longest = max(settings.overhead_context_lengths) + max(d.config.block_size for d in drafters.values())
+        if longest > limit:
+            raise ValueError(
+                f"overhead context length {max(settings.overhead_context_lengths)} plus a block exceeds the target's "
+                f"{limit} positions; lower --overhead-context-lengths"
+            )
+    methods, skipped = build_methods(drafters, settings, native_dflash)
+    names = {m.name for m in methods}
+    comparisons = default_comparisons(methods, list(drafters))
+    for pair in settings.compare:
+        a, b = (s.strip() for s in pair.split(","))
+        for n in (a, b):
+            if n not in names:
+                raise ValueError(f"--compare names unknown method {n!r}; methods: {sorted(names)}")
+        if (a, b) not in comparisons:
+            comparisons.append((a, b))
+    tolerance = _tie_tolerance(settings, target.dtype)
+    target.eval()
+    for drafter in drafters.values():
+        drafter.eval()
+
+    # Warm-up: kernels, allocator and caches settle before anything is timed.
+    first = encoded[prompts[0].id]
+    for _ in range(settings.warmup):
+        for method in methods:
+            run_method(target, method, first, 0.0, settings, settings.seed, max_new_tokens=min(16, settings.max_new_tokens))
+
+    runs: list[PromptRun] = []
+    recorded_sequences: list[torch.LongTensor] = []  # target-alone greedy texts, reused as overhead contexts
+    total = len(settings.temperatures) * len(prompts) * len(methods)
+    bar = tqdm(total=total, desc="bench", unit="gen", disable=not progress)
+    for temperature in settings.temperatures:
+        for index, prompt in enumerate(prompts):
+            ids = encoded[prompt.id]
+            start = index % len(methods)
+            outputs: dict[str, torch.LongTensor] = {}
+            for method in methods[start:] + methods[:start]:
+                bar.set_postfix_str(f"T={temperature:g} {method.name}")
+                new_tokens, measured = run_method(target, method, ids, temperature, settings, settings.seed + index)
+                outputs[method.name] = new_tokens
+                runs.append(
+                    PromptRun(
+                        prompt_id=prompt.id,
+                        category=prompt.category,
+                        method=method.name,
+                        temperature=float(temperature),
+                        prompt_tokens=int(ids.shape[1]),
+                        new_tokens=int(new_tokens.numel()),
+                        **measured,
+                    )
+                )
+                bar.update(1)
+            if temperature == 0:
+                recorded_sequences.append(torch.cat([ids[0], outputs["target"]]))
+                by_method = {r.method: r for r in runs[-len(methods) :]}
+                for method in methods:
+                    if method.speculative:
+                        by_method[method.name].check = check_greedy_output(
+                            target, ids, outputs["target"], outputs[method.name], tolerance
+                        )
+    bar.close()
+
+    overhead = {}
+    if settings.overhead:
+        overhead = _measure_overheads(target, drafters, prompts, encoded, recorded_sequences, settings, progress)
+
+    report = build_report(
+        runs=runs,
+        methods=methods,
+        skipped=skipped,
+        comparisons=comparisons,
+        prompts=prompts,
+        settings=settings,
+        tie_tolerance=tolerance,
+        target=target,
+        drafters=drafters,
+        overhead=overhead,
+        run_info=dict(run_info or {}),
+    )
+    if output_dir is not None:
+        write_report(report, output_dir)
+    if settings.fail_on_mismatch and not report["correctness"]["passed"]:
+        failures = report["correctness"]["failures"]
+        raise CorrectnessError(
+            f"{len(failures)} greedy output(s) differ from the target alone beyond the tie tolerance; speed withheld. "
+            f"First: {failures[0]}" + (f". Report written to {output_dir}" if output_dir else "")
+        )
+    return report
+
+
+def _measure_overheads(target, drafters, prompts, encoded, recorded, settings, progress) -> dict[str, Any]:
+    """Carry overhead per drafter on recorded contexts: the target's greedy answers after their prompts, joined."""
+    from .overhead import measure_carry_overhead
+
+    pieces = recorded or [encoded[p.id][0] for p in prompts]
+    stream = torch.cat(pieces)
+    results: dict[str, Any] = {}
+    for name, drafter in drafters.items():
+        needed = max(settings.overhead_context_lengths) + drafter.config.block_size - 1
+        repeats = -(-needed // stream.numel())
+        sequence = stream.repeat(repeats)[:needed].unsqueeze(0)
+        result = measure_carry_overhead(
+            target,
+            drafter,
+            sequence,
+            context_lengths=settings.overhead_context_lengths,
+            repeats=settings.overhead_repeats,
+            n_resamples=settings.bootstrap_resamples,
+            confidence=settings.confidence,
+            seed=settings.seed,
+            progress=progress,
+        )
+        result["context_source"] = (
+            "target-alone greedy outputs after their prompts" if recorded else "benchmark prompts"
+        ) + (f", joined and cycled {repeats}x to reach {needed} tokens" if repeats > 1 else ", joined")
+        results[name] = result
+    return results
+
+
+__all__ = [
+    "DEFAULT_TIE_TOLERANCE",
+    "METHOD_KINDS",
+    "BenchmarkSettings",
+    "CorrectnessError",
+    "Method",
+    "PromptRun",
+    "build_methods",
+    "check_greedy_output",
+    "run_benchmark",
+    "run_method",
+    "sampling_kwargs",
+]

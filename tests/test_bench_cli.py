@@ -1,0 +1,143 @@
+"""`carryover-hf bench` and its inputs: prompt files, drafter specs, bad input caught before loading models."""
+
+import json
+
+import pytest
+import torch
+
+from carryover_hf.bench.cli import _drafter_spec, main
+from carryover_hf.bench.overhead import measure_carry_overhead
+from carryover_hf.bench.prompts import Prompt, encode_prompt, load_prompts
+from carryover_hf.testing import tiny_drafter, tiny_target
+
+
+def _write_suite(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+@pytest.fixture
+def suite(tmp_path):
+    rows = [{"id": f"c{i}", "category": "code", "split": "test", "input_ids": [1, 2, 3, i]} for i in range(3)]
+    rows += [{"id": f"m{i}", "category": "math", "split": "test" if i else "train", "input_ids": [4, 5, i]} for i in range(3)]
+    return _write_suite(tmp_path / "suite.jsonl", rows)
+
+
+def test_load_prompts_filters_and_takes_the_first_of_each_category(suite):
+    prompts = load_prompts(suite, split="test", num_per_category=2)
+    assert [p.id for p in prompts] == ["c0", "c1", "m1", "m2"]
+    assert [p.id for p in load_prompts(suite, categories=["math"])] == ["m0", "m1", "m2"]
+
+
+def test_load_prompts_errors_name_the_problem(suite, tmp_path):
+    with pytest.raises(ValueError, match="fewer than 3 prompts in categories"):
+        load_prompts(suite, split="test", num_per_category=3)
+    with pytest.raises(ValueError, match="no category \\['poetry'\\]"):
+        load_prompts(suite, categories=["poetry"])
+    with pytest.raises(ValueError, match="no prompts in split 'dev'"):
+        load_prompts(suite, split="dev")
+    bad = _write_suite(tmp_path / "bad.jsonl", [{"category": "x"}])
+    with pytest.raises(ValueError, match="bad.jsonl:1: each line needs"):
+        load_prompts(bad)
+    with pytest.raises(FileNotFoundError, match="No prompt file"):
+        load_prompts(tmp_path / "missing.jsonl")
+
+
+def test_suite_folder_with_turns_and_system(tmp_path):
+    """The layout of `carryover-hf prompts build`: <split>/<category>.jsonl with `turns` and `system`."""
+    for split in ("train", "eval"):
+        (tmp_path / split).mkdir()
+        for category in ("qa", "mt_bench"):
+            rows = [{"id": f"{category}/{split}/{i}", "category": category, "split": split, "system": "Be brief." if i else None,
+                     "turns": [f"question {i}", "follow-up"] if category == "mt_bench" else [f"question {i}"]}
+                    for i in range(3)]
+            _write_suite(tmp_path / split / f"{category}.jsonl", rows)
+    prompts = load_prompts(tmp_path, num_per_category=2)
+    assert [p.id for p in prompts] == ["mt_bench/eval/0", "mt_bench/eval/1", "qa/eval/0", "qa/eval/1"]
+    assert prompts[0].text == [{"role": "user", "content": "question 0"}]
+    assert prompts[1].text == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "question 1"}]
+    assert prompts[0].meta["num_turns"] == 2 and prompts[2].meta["num_turns"] == 1
+    assert [p.id for p in load_prompts(tmp_path, categories=["qa"], split="train")] == [f"qa/train/{i}" for i in range(3)]
+    with pytest.raises(ValueError, match="no category \\['code'\\]"):
+        load_prompts(tmp_path, categories=["code"])
+    with pytest.raises(ValueError, match="no test/<category>.jsonl"):
+        load_prompts(tmp_path, split="test")
+
+
+def test_encode_prompt_needs_a_tokenizer_for_text():
+    assert encode_prompt(Prompt("a", input_ids=[3, 4])).tolist() == [[3, 4]]
+    with pytest.raises(ValueError, match="no tokenizer"):
+        encode_prompt(Prompt("b", text="hello"))
+
+
+def test_drafter_spec():
+    assert _drafter_spec("base=ckpt/run1") == ("base", "ckpt/run1")
+    assert _drafter_spec("ckpt/run1/") == ("run1", "ckpt/run1/")
+    assert _drafter_spec("tiny-markov") == ("tiny-markov", "tiny-markov")
+
+
+def test_cli_tiny_smoke_run_writes_a_report(tmp_path, suite):
+    out = tmp_path / "report"
+    code = main([
+        "--target", "tiny", "--drafter", "tiny", "--prompts", str(suite), "--split", "test", "--num-prompts", "2",
+        "--temperatures", "0", "--max-new-tokens", "6", "--methods", "target", "carry_off", "carry_on",
+        "--bootstrap-resamples", "200", "--overhead-context-lengths", "8", "--overhead-repeats", "2",
+        "--warmup", "0", "--no-progress", "--output-dir", str(out),
+    ])
+    assert code == 0
+    report = json.loads((out / "results.json").read_text())
+    assert [m["name"] for m in report["methods"]] == ["target", "tiny/carry_off", "tiny/carry_on"]
+    assert report["prompts"]["by_category"] == {"code": 2, "math": 2}
+    assert report["run"]["command"].startswith("carryover-hf bench --target tiny")
+    assert (out / "results.md").is_file() and (out / "speedup_by_category.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--target", "tiny", "--methods", "medusa"], "unknown methods"),
+        (["--target", "tiny", "--prompts", "no/such/file.jsonl"], "No prompt file"),
+        (["--target", "tiny", "--drafter", "a=tiny", "a=tiny-markov"], "repeated"),
+        (["--target", "tiny", "--drafter", "./no/such/drafter"], "does not exist"),
+    ],
+)
+def test_cli_rejects_bad_input(argv, message, capsys):
+    assert main(argv + ["--no-progress"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_overhead_requires_a_long_enough_recording():
+    target = tiny_target("qwen3", vocab_size=32)
+    drafter = tiny_drafter(target, block_size=4)
+    with pytest.raises(ValueError, match="needs 19"):
+        measure_carry_overhead(target, drafter, torch.zeros(1, 10, dtype=torch.long), context_lengths=[16], repeats=2)
+    result = measure_carry_overhead(
+        target, drafter, torch.arange(24).remainder(32).unsqueeze(0), context_lengths=[4, 16], repeats=2, warmup=1,
+        n_resamples=200, progress=False,
+    )
+    assert [row["context_length"] for row in result["by_context_length"]] == [4, 16]
+    assert result["block_size"] == 4 and result["by_context_length"][0]["carry_rows"] == 3
+
+
+def test_text_prompts_go_through_the_chat_template_end_to_end(tmp_path):
+    from carryover_hf.bench import BenchmarkSettings, run_benchmark
+    from carryover_hf.data import tiny_chat_tokenizer
+
+    tokenizer = tiny_chat_tokenizer()
+    prompt = Prompt("t0", category="qa", text="What is the capital of France?")
+    ids = encode_prompt(prompt, tokenizer)
+    expected = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    assert ids.tolist() == [list(expected)]
+    assert encode_prompt(prompt, tokenizer, chat_template=False).tolist() == [tokenizer(prompt.text)["input_ids"]]
+
+    target = tiny_target("llama", vocab_size=len(tokenizer))
+    target.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompts = [prompt, Prompt("t1", category="qa", text="Name three rivers.")]
+    settings = BenchmarkSettings(temperatures=[0.0], max_new_tokens=8, methods=["target", "prompt_lookup", "carry_on"],
+                                 bootstrap_resamples=200, overhead=False, warmup=0)
+    report = run_benchmark(target, {"d": tiny_drafter(target, block_size=4)}, prompts, tokenizer=tokenizer,
+                           settings=settings, output_dir=str(tmp_path), progress=False)
+    assert report["correctness"]["passed"]
+    assert {r["prompt_tokens"] for r in report["runs"] if r["prompt_id"] == "t0"} == {ids.shape[1]}

@@ -1,0 +1,264 @@
+"""The benchmark harness end to end on tiny random models: every method runs, the report is complete, the gate works.
+
+Timing values are recorded but never asserted.
+"""
+
+import json
+
+import pytest
+import torch
+
+import carryover_hf
+from carryover_hf.bench import BenchmarkSettings, CorrectnessError, check_greedy_output, run_benchmark, tiny_prompts
+from carryover_hf.bench import runner as runner_module
+from carryover_hf.bench.native import NativeDFlashUnavailable, to_native_dflash
+from carryover_hf.bench.runner import Method, run_method
+from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+
+VOCAB = 32
+TEMPERATURES = [0.0, 1.0]
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    # A skewed head makes target and drafter agree on runs of tokens, so acceptance is neither all 1 nor all full.
+    target = skew_towards_token(tiny_target("qwen3", vocab_size=VOCAB, seed=3), 5, 1.0)
+    drafters = {
+        "d": tiny_drafter(target, block_size=4, seed=0),
+        "m": tiny_drafter(target, block_size=4, drafter_type="markov", seed=1),
+    }
+    return target, drafters
+
+
+@pytest.fixture(scope="module")
+def bench(models, tmp_path_factory):
+    target, drafters = models
+    out = tmp_path_factory.mktemp("bench")
+    settings = BenchmarkSettings(
+        temperatures=TEMPERATURES,
+        max_new_tokens=12,
+        bootstrap_resamples=200,
+        overhead_context_lengths=[8, 16],
+        overhead_repeats=3,
+    )
+    prompts = tiny_prompts(4, vocab_size=VOCAB)
+    report = run_benchmark(target, drafters, prompts, settings=settings, output_dir=str(out), progress=False,
+                           run_info={"test": True})
+    return report, out, prompts
+
+
+def test_report_files_are_complete(bench):
+    _, out, _ = bench
+    on_disk = json.loads((out / "results.json").read_text())
+    assert on_disk["schema"] == "carryover-hf-bench/1"
+    for key in ("settings", "environment", "target", "drafters", "prompts", "methods", "correctness", "results", "overhead", "runs"):
+        assert key in on_disk, key
+    assert on_disk["environment"]["packages"]["transformers"] == __import__("transformers").__version__
+    assert on_disk["settings"]["max_new_tokens"] == 12 and on_disk["settings"]["dtype"] == "float32"
+    assert on_disk["run"] == {"test": True}
+    markdown = (out / "results.md").read_text()
+    for heading in ("## Temperature 0", "## Temperature 1", "Paired comparisons", "Speedup by category", "Carry overhead", "## Correctness"):
+        assert heading in markdown
+    for png in ("acceptance_by_position.png", "speedup_by_category.png"):
+        data = (out / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_every_method_ran_on_every_prompt(bench):
+    report, _, prompts = bench
+    names = [m["name"] for m in report["methods"]]
+    assert names == ["target", "prompt_lookup", "d/dflash_native", "d/carry_off", "d/carry_on", "m/carry_off", "m/carry_on"]
+    assert report["skipped_methods"] == [
+        {"name": "m/dflash_native", "reason": "drafter_type='markov': Transformers' DFlash path has no Markov head"}
+    ]
+    assert len(report["runs"]) == len(TEMPERATURES) * len(prompts) * len(names)
+    assert report["groups"] == ["all", "mixed", "repeat"]
+    for block in report["results"]:
+        assert set(block["summary"]) == set(names)
+        for name, groups in block["summary"].items():
+            overall = groups["all"]
+            assert overall["prompts"] == len(prompts)
+            for key in ("decode_tokens_per_second", "speedup", "end_to_end_tokens_per_second", "prefill_ms"):
+                assert overall[key]["estimate"] is not None and overall[key]["ci_low"] is not None
+            if name == "target":
+                assert overall["speedup"]["estimate"] == pytest.approx(1.0)
+                assert "acceptance_length_micro" not in overall
+                continue
+            for key in ("acceptance_length_micro", "acceptance_length_per_prompt", "drafting_ms_per_round", "verification_ms_per_round"):
+                assert overall[key]["estimate"] is not None, (name, key)
+            assert 1.0 <= overall["acceptance_length_micro"]["estimate"] <= 4.0
+            rates = overall["position_acceptance"]["rates"]
+            assert all(r is None or 0.0 <= r <= 1.0 for r in rates)
+        assert len(block["summary"]["d/carry_on"]["all"]["position_acceptance"]["rates"]) == 3  # block_size - 1
+        assert "mean_carry_rows" in block["summary"]["d/carry_on"]["all"]
+
+
+def test_token_accounting_is_consistent(bench):
+    report, _, _ = bench
+    for run in report["runs"]:
+        assert run["new_tokens"] == run["prefill_tokens"] + run["decode_tokens"] == 12
+        if run["method"] != "target":
+            # every decoding round adds its acceptance length, bonus included
+            assert sum(run["acceptance_lengths"]) == run["decode_tokens"]
+            assert len(run["acceptance_lengths"]) == len(run["draft_lengths"])
+            assert all(a - 1 <= d for a, d in zip(run["acceptance_lengths"], run["draft_lengths"]))
+        if run["method"].endswith("carry_off"):
+            assert set(run["carry_rows"]) == {0}
+        if run["method"].endswith("carry_on") and run["temperature"] == 0.0:
+            assert run["carry_rows"][0] == 0  # nothing to carry before the first verification
+
+
+def test_greedy_outputs_pass_the_gate_identically_in_fp32(bench):
+    report, _, prompts = bench
+    correctness = report["correctness"]
+    assert correctness["passed"] and correctness["tolerance"] == 0.0 and correctness["failures"] == []
+    for method, result in correctness["by_method"].items():
+        assert result["identical"] == result["prompts"] == len(prompts), method
+    greedy = [r for r in report["runs"] if r["temperature"] == 0.0 and r["method"] != "target"]
+    assert greedy and all(r["check"]["identical"] for r in greedy)
+    assert all(r["check"] is None for r in report["runs"] if r["temperature"] > 0 or r["method"] == "target")
+
+
+def test_native_dflash_and_carry_off_draft_the_same_greedy_rounds(bench):
+    """Same weights, carry off: Transformers' DFlash path and ours must accept exactly the same drafts."""
+    report, _, _ = bench
+    greedy = {(r["method"], r["prompt_id"]): r for r in report["runs"] if r["temperature"] == 0.0}
+    prompts = {r["prompt_id"] for r in report["runs"]}
+    for prompt in prompts:
+        native, ours = greedy[("d/dflash_native", prompt)], greedy[("d/carry_off", prompt)]
+        assert native["acceptance_lengths"] == ours["acceptance_lengths"]
+    assert any(a > 1 for r in greedy.values() if r["method"] == "d/carry_off" for a in r["acceptance_lengths"])
+
+
+def test_comparisons_are_paired_and_signed(bench):
+    report, _, _ = bench
+    block = report["results"][0]
+    pairs = {(c["a"], c["b"]): c for c in block["comparisons"]}
+    assert ("d/carry_on", "d/carry_off") in pairs and ("d/carry_off", "d/dflash_native") in pairs
+    assert ("m/carry_on", "d/carry_off") in pairs
+    summary = block["summary"]
+    for (a, b), comparison in pairs.items():
+        overall = comparison["all"]
+        tau_a = summary[a]["all"]["acceptance_length_micro"]["estimate"]
+        tau_b = summary[b]["all"]["acceptance_length_micro"]["estimate"]
+        assert overall["acceptance_length_micro_difference"]["estimate"] == pytest.approx(tau_a - tau_b)
+        assert overall["acceptance_length_relative_gain"]["estimate"] == pytest.approx(tau_a / tau_b - 1)
+        assert overall["speed_ratio"]["estimate"] > 0
+
+
+def test_overhead_is_measured_per_drafter_and_context_length(bench):
+    report, _, _ = bench
+    for name in ("d", "m"):
+        result = report["overhead"][name]
+        assert [row["context_length"] for row in result["by_context_length"]] == [8, 16]
+        for row in result["by_context_length"]:
+            assert row["carry_rows"] == 3
+            assert len(row["times_ms_with_carry"]) == len(row["times_ms_without_carry"]) == 3
+            assert row["overhead_ms"]["estimate"] == pytest.approx(
+                row["ms_with_carry"]["estimate"] - row["ms_without_carry"]["estimate"]
+            )
+        assert "target-alone greedy outputs" in result["context_source"]
+
+
+def test_round_recorder_matches_the_drafters_own_statistics(models):
+    target, drafters = models
+    drafter = drafters["d"]
+    settings = BenchmarkSettings(max_new_tokens=16)
+    ids = torch.tensor([tiny_prompts(1, vocab_size=VOCAB)[0].input_ids])
+    for carry in (False, True):
+        method = Method("d/carry", "carry_on" if carry else "carry_off", "d", drafter, carry)
+        _, measured = run_method(target, method, ids, 0.0, settings, seed=0)
+        stats = drafter.last_generation_stats
+        assert measured["acceptance_lengths"] == stats.acceptance_lengths
+        assert measured["draft_lengths"] == stats.draft_lengths
+        assert measured["carry_rows"] == stats.carry_rows
+        assert drafter.config.use_carryover is True  # restored after the call
+        assert "_get_candidate_generator" not in vars(target)  # the per-call hook is removed
+
+
+def test_gate_rules(models):
+    target, _ = models
+    prompt = torch.tensor([tiny_prompts(1, vocab_size=VOCAB)[0].input_ids])
+    reference = target.generate(prompt, max_new_tokens=8, do_sample=False)[0, prompt.shape[1]:]
+    assert check_greedy_output(target, prompt, reference, reference.clone(), 0.0)["passed"]
+
+    logits = target(torch.cat([prompt[0], reference[:3]]).unsqueeze(0)).logits[0, -1]
+    wrong = reference.clone()
+    wrong[3] = int(logits.argmin())  # a token the target would never pick greedily
+    strict = check_greedy_output(target, prompt, reference, wrong, 0.0)
+    assert not strict["passed"] and strict["first_divergence"] == 3 and strict["agreement"] == pytest.approx(3 / 8)
+    loose = check_greedy_output(target, prompt, reference, wrong, 1e-3)
+    assert not loose["passed"] and loose["candidate_token_gap"] > 1e-3 and "tolerance" in loose["reason"]
+    assert check_greedy_output(target, prompt, reference, wrong, 1e6)["passed"]  # within a (huge) tolerance
+    shorter = check_greedy_output(target, prompt, reference, reference[:5], 1.0)
+    assert not shorter["passed"] and "different lengths" in shorter["reason"]
+
+
+def test_wrong_text_withholds_speed_and_raises(models, tmp_path, monkeypatch):
+    target, _ = models
+    original = runner_module.run_method
+
+    def corrupting(target, method, input_ids, temperature, settings, seed, max_new_tokens=None):
+        tokens, measured = original(target, method, input_ids, temperature, settings, seed, max_new_tokens)
+        if method.name == "prompt_lookup":
+            tokens = tokens.clone()
+            tokens[-1] = (tokens[-1] + 1) % VOCAB
+        return tokens, measured
+
+    monkeypatch.setattr(runner_module, "run_method", corrupting)
+    settings = BenchmarkSettings(temperatures=[0.0], max_new_tokens=6, methods=["target", "prompt_lookup"],
+                                 bootstrap_resamples=200, overhead=False, warmup=0)
+    with pytest.raises(CorrectnessError, match="speed withheld"):
+        run_benchmark(target, {}, tiny_prompts(2, vocab_size=VOCAB), settings=settings, output_dir=str(tmp_path), progress=False)
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert not report["correctness"]["passed"]
+    assert {f["method"] for f in report["correctness"]["failures"]} == {"prompt_lookup"}
+    summary = report["results"][0]["summary"]["prompt_lookup"]["all"]
+    assert "speed_withheld" in summary and "speedup" not in summary and "decode_tokens_per_second" not in summary
+    assert "FAILED" in (tmp_path / "results.md").read_text()
+
+
+def test_native_export_refuses_markov_drafters(models):
+    _, drafters = models
+    with pytest.raises(NativeDFlashUnavailable, match="Markov"):
+        to_native_dflash(drafters["m"])
+
+
+def test_bad_settings_fail_before_any_generation(models, monkeypatch):
+    target, drafters = models
+    monkeypatch.setattr(runner_module, "run_method", lambda *a, **k: pytest.fail("generation started"))
+    prompts = tiny_prompts(2, vocab_size=VOCAB)
+    with pytest.raises(ValueError, match="unknown methods"):
+        run_benchmark(target, drafters, prompts, settings=BenchmarkSettings(methods=["target", "medusa"]), progress=False)
+    with pytest.raises(ValueError, match="unknown method"):
+        run_benchmark(target, drafters, prompts, settings=BenchmarkSettings(compare=["d/carry_on,x/carry_off"], overhead=False),
+                      progress=False)
+    other = tiny_drafter(tiny_target("qwen3", vocab_size=VOCAB + 8), block_size=4)
+    with pytest.raises(carryover_hf.DrafterTargetMismatchError):
+        run_benchmark(target, {"other": other}, prompts, settings=BenchmarkSettings(overhead=False), progress=False)
+    with pytest.raises(ValueError, match="exceed the target's 512 positions"):
+        run_benchmark(target, drafters, prompts, settings=BenchmarkSettings(max_new_tokens=600, overhead=False), progress=False)
+    with pytest.raises(ValueError, match="temperatures are repeated"):
+        run_benchmark(target, drafters, prompts, settings=BenchmarkSettings(temperatures=[0.0, 0.0]), progress=False)
+
+
+def test_bfloat16_greedy_outputs_may_only_part_at_near_ties():
+    target = skew_towards_token(tiny_target("qwen3", vocab_size=VOCAB, seed=3, dtype=torch.bfloat16), 5, 1.0)
+    drafter = tiny_drafter(target, block_size=4)
+    settings = BenchmarkSettings(temperatures=[0.0], max_new_tokens=16, methods=["target", "carry_on"],
+                                 bootstrap_resamples=200, overhead=False, warmup=0)
+    report = run_benchmark(target, {"d": drafter}, tiny_prompts(4, vocab_size=VOCAB), settings=settings, progress=False)
+    correctness = report["correctness"]
+    assert correctness["passed"] and correctness["tolerance"] == 1.0  # the stated bf16 default
+    for run in report["runs"]:
+        if run["check"] and not run["check"]["identical"]:
+            assert run["check"]["reference_token_gap"] <= 1.0 and run["check"]["max_gap_after_divergence"] <= 1.0
+
+
+def test_overhead_context_beyond_the_target_fails_before_generation(models, monkeypatch):
+    target, drafters = models
+    monkeypatch.setattr(runner_module, "run_method", lambda *a, **k: pytest.fail("generation started"))
+    settings = BenchmarkSettings(overhead_context_lengths=[128, 1024])
+    with pytest.raises(ValueError, match="lower --overhead-context-lengths"):
+        run_benchmark(target, drafters, tiny_prompts(2, vocab_size=VOCAB), settings=settings, progress=False)
