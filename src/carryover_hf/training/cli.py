@@ -1,0 +1,210 @@
+"""`carryover-hf train`: train or fine-tune a drafter with `CarryoverTrainer`.
+
+Every `TrainingArguments` option is accepted (`--output_dir`, `--num_train_epochs`, `--per_device_train_batch_size`,
+`--gradient_accumulation_steps`, `--bf16`, `--save_steps`, ...), plus the model, data and objective options below.
+A single `.json` or `.yaml` file of all options also works: `carryover-hf train config.json`.
+
+    carryover-hf train --target smollm2-135m --dataset data/train --objective dflash \
+        --block_size 16 --drafter_layers 1 --output_dir runs/baseline --num_train_epochs 10
+    carryover-hf train --target smollm2-135m --dataset data/train --objective carryover \
+        --drafter runs/baseline --output_dir runs/carryover --num_train_epochs 3
+    accelerate launch --num_processes 2 -m carryover_hf.cli train ...   # many processes / GPUs
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from transformers import HfArgumentParser, set_seed
+from transformers.trainer_utils import get_last_checkpoint
+from transformers.utils import logging
+
+from .arguments import CarryoverTrainingArguments
+
+logger = logging.get_logger(__name__)
+
+
+@dataclass
+class ModelArguments:
+    """The target, and the drafter to train (a new one, or an existing checkpoint to continue)."""
+
+    target: str = field(
+        default="smollm2-135m",
+        metadata={"help": "Target: 'smollm2-135m' (offline SmolLM2-135M-Instruct), a local folder, or a Hub id."},
+    )
+    target_dtype: str = field(default="float32", metadata={"help": "Target dtype: float32, bfloat16, float16, auto."})
+    target_attn_implementation: str = field(
+        default="sdpa", metadata={"help": "Target attention: sdpa (CPU/GPU), eager, or flex_attention (GPU)."}
+    )
+    drafter: str | None = field(
+        default=None,
+        metadata={"help": "Drafter folder to continue from (e.g. a baseline); a new drafter is built when omitted."},
+    )
+    drafter_type: str = field(
+        default="dflash", metadata={"help": "New drafter kind.", "choices": ["dflash", "markov"]}
+    )
+    drafter_layers: int = field(
+        default=1, metadata={"help": "Layers of a new drafter (the public DFlash drafters: 5)."}
+    )
+    block_size: int = field(
+        default=16, metadata={"help": "Block size B of a new drafter (B - 1 proposals per round)."}
+    )
+    target_layer_ids: list[int] | None = field(
+        default=None, metadata={"help": "Target layers a new drafter reads (default: spread as in DFlash)."}
+    )
+    mask_token_id: int | None = field(
+        default=None,
+        metadata={"help": "Mask token of a new drafter (default: the target's pad token, else the last id)."},
+    )
+    drafter_attn_implementation: str = field(
+        default="sdpa", metadata={"help": "Drafter attention: sdpa, eager, or flex_attention (GPU)."}
+    )
+    use_lora: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all drafter weights."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
+    lora_target_modules: list[str] | None = field(
+        default=None,
+        metadata={"help": "Modules to adapt (default: attention and MLP projections; add fc for fusion)."},
+    )
+    lora_merge: bool = field(
+        default=False,
+        metadata={"help": "Save merged weights to output_dir (adapter to output_dir/adapter) instead of the adapter."},
+    )
+
+
+@dataclass
+class DataArguments:
+    """Recorded target responses: rows with `input_ids` and `loss_mask`."""
+
+    dataset: str = field(
+        default=None,
+        metadata={"help": "Training data: a `save_to_disk` folder, or a .jsonl/.json/.parquet file."},
+    )
+    eval_dataset: str | None = field(default=None, metadata={"help": "Evaluation data, same formats."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training rows."})
+
+
+def load_rows(path: str, name: str = "dataset"):
+    """A `datasets.Dataset` from a `save_to_disk` folder or a json/jsonl/parquet file."""
+    import datasets
+
+    if path is None:
+        raise ValueError(f"--{name} is required: the recorded target responses to train on.")
+    if os.path.isdir(path):
+        rows = datasets.load_from_disk(path)
+        if isinstance(rows, datasets.DatasetDict):
+            if "train" not in rows:
+                raise ValueError(
+                    f"{path} holds splits {list(rows)}; save the training split alone or name it 'train'."
+                )
+            rows = rows["train"]
+        return rows
+    builders = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".arrow": "arrow"}
+    extension = os.path.splitext(path)[1].lower()
+    if not os.path.isfile(path) or extension not in builders:
+        raise ValueError(
+            f"--{name} {path!r} is neither a `Dataset.save_to_disk` folder nor a {sorted(builders)} file."
+        )
+    return datasets.load_dataset(builders[extension], data_files=path, split="train")
+
+
+def _build_drafter(model_args: ModelArguments, target):
+    from ..configuration_carryover import CarryoverDrafterConfig
+    from ..modeling_carryover import CarryoverDrafterModel
+
+    if model_args.drafter:
+        drafter = CarryoverDrafterModel.from_pretrained(
+            model_args.drafter, attn_implementation=model_args.drafter_attn_implementation
+        )
+    else:
+        overrides = {} if model_args.mask_token_id is None else {"mask_token_id": model_args.mask_token_id}
+        config = CarryoverDrafterConfig.from_target_config(
+            target.config,
+            num_hidden_layers=model_args.drafter_layers,
+            block_size=model_args.block_size,
+            drafter_type=model_args.drafter_type,
+            target_layer_ids=model_args.target_layer_ids,
+            **overrides,
+        )
+        config.target_name_or_path = target.config._name_or_path or model_args.target
+        config._attn_implementation = model_args.drafter_attn_implementation
+        drafter = CarryoverDrafterModel(config)
+    if model_args.use_lora:
+        from .lora import apply_lora
+
+        drafter = apply_lora(
+            drafter, model_args.lora_r, model_args.lora_alpha, model_args.lora_dropout, model_args.lora_target_modules
+        )
+    return drafter
+
+
+def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, CarryoverTrainingArguments]:
+    parser = HfArgumentParser((ModelArguments, DataArguments, CarryoverTrainingArguments), prog="carryover-hf train")
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        return parser.parse_json_file(argv[0])
+    if len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
+        return parser.parse_yaml_file(argv[0])
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    model_args, data_args, training_args = parse_args(argv)
+
+    # Cheap checks first: the data, then the checkpoint to resume, then the models.
+    train_rows = load_rows(data_args.dataset, "dataset")
+    if data_args.max_train_samples is not None:
+        train_rows = train_rows.select(range(min(data_args.max_train_samples, len(train_rows))))
+    eval_rows = load_rows(data_args.eval_dataset, "eval_dataset") if data_args.eval_dataset else None
+    resume = training_args.resume_from_checkpoint
+    if resume in ("last", "latest", "true", "True"):
+        resume = get_last_checkpoint(training_args.output_dir) if os.path.isdir(training_args.output_dir) else None
+        if resume is None:
+            raise ValueError(f"--resume_from_checkpoint last: no checkpoint-* folder in {training_args.output_dir}.")
+    elif resume is not None and not os.path.isdir(resume):
+        raise ValueError(f"--resume_from_checkpoint {resume!r} is not a folder.")
+
+    import carryover_hf  # noqa: F401  (registers the drafter with AutoModel)
+
+    from ..targets import load_target
+    from .trainer import CarryoverTrainer
+
+    target, tokenizer = load_target(
+        model_args.target, dtype=model_args.target_dtype, attn_implementation=model_args.target_attn_implementation
+    )
+    set_seed(training_args.seed)  # a new drafter starts from the same weights in every process and every rerun
+    drafter = _build_drafter(model_args, target)
+    trainer = CarryoverTrainer(
+        model=drafter,
+        target_model=target,
+        args=training_args,
+        train_dataset=train_rows,
+        eval_dataset=eval_rows,
+        processing_class=tokenizer,
+    )
+    result = trainer.train(resume_from_checkpoint=resume)
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)
+    trainer.save_state()
+    if eval_rows is not None:
+        metrics = trainer.evaluate()
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
+    if model_args.use_lora and model_args.lora_merge:
+        from .lora import merge_lora
+
+        trainer.save_model(os.path.join(training_args.output_dir, "adapter"))
+        if trainer.args.should_save:
+            merge_lora(trainer.model).save_pretrained(training_args.output_dir)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(training_args.output_dir)
+    else:
+        trainer.save_model()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""The two drafter objectives of SPEC section 2, computed for a collated batch.
+
+Both read the target's features from one pass over each sequence and pack all anchors' blocks into one drafter
+forward. Inputs are built exactly as `CarryoverCandidateGenerator` builds them at inference:
+
+* context rows: target features at positions `< anchor` (absolute positions);
+* block: `[x_a, MASK x (B-1)]` at positions `a .. a+B-1`, embedded with the target's input embedding;
+* carry rows (carryover only): the target's verified states at the rejected rows `m+1 .. B-1`, at the positions
+  where they were verified, fused with `fuse_carry` (i.e. plus `E_carry`) inside the drafter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from ..features import embed_block_tokens
+from ..modeling_carryover import CarryoverDrafterModel
+from .losses import (
+    block_labels,
+    draft_losses,
+    leading_matches,
+    position_weights,
+    teacher_forced_metrics,
+    weighted_block_loss_sum,
+)
+from .masks import PackedBlocks, block_sparse_mask, to_backend_mask
+from .verification import parallel_verify, target_forward, target_logits
+
+
+@dataclass
+class ObjectiveOutput:
+    """loss_sum: weighted loss summed over anchors (divide by the anchor count of the whole batch).
+    num_anchors: valid anchors in this batch. metrics: name -> (sum, count)."""
+
+    loss_sum: torch.Tensor
+    num_anchors: torch.Tensor
+    metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+def metric_names(objective: str, block_size: int) -> list[str]:
+    """The metrics an objective logs, in a fixed order (so processes can reduce them together)."""
+    names = [f"acc_pos_{j:02d}" for j in range(1, block_size)] + ["tau_teacher_forced"]
+    if objective == "carryover":
+        names += ["first_draft_tau", "carry_rows"]
+    return names
+
+
+def _block_ids(input_ids: torch.LongTensor, anchors: torch.LongTensor, block_size: int, mask_token_id: int):
+    """`(b, A, B)` blocks `[x_a, MASK, ..., MASK]`."""
+    first = torch.gather(input_ids, 1, anchors)
+    blocks = torch.full((*anchors.shape, block_size), mask_token_id, dtype=torch.long, device=anchors.device)
+    blocks[..., 0] = first
+    return blocks
+
+
+class DrafterObjective:
+    """Computes the dflash or carryover loss of a drafter on a batch from `CarryoverDataCollator`.
+
+    Args:
+        target: the frozen target (eval mode, no gradients).
+        objective: `"dflash"` or `"carryover"`.
+        gamma: decay of the position weights.
+        distillation / distillation_weight: optional KL or TV term against the target's next-token distribution.
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        objective: str = "dflash",
+        gamma: float = 7.0,
+        distillation: str | None = None,
+        distillation_weight: float = 0.0,
+    ):
+        self.target = target
+        self.objective = objective
+        self.gamma = gamma
+        self.distillation = distillation if distillation_weight > 0 else None
+        self.distillation_weight = distillation_weight if distillation else 0.0
+
+    # -- drafter passes ----------------------------------------------------------------------------------------
+    def run_drafter(
+        self,
+        model: nn.Module,
+        drafter: CarryoverDrafterModel,
+        block_ids: torch.LongTensor,
+        anchors: torch.LongTensor,
+        context_features: torch.Tensor,
+        carry_features: torch.Tensor | None = None,
+        carry_owner: torch.LongTensor | None = None,
+        carry_valid: torch.BoolTensor | None = None,
+        carry_positions: torch.LongTensor | None = None,
+    ) -> torch.Tensor:
+        """Final-norm drafter states of all packed blocks, `(b, A, B, d)`.
+
+        `model` is what runs the forward (possibly DDP- or PEFT-wrapped), `drafter` the bare model it wraps.
+        """
+        batch, num_blocks, size = block_ids.shape
+        length = context_features.shape[1]
+        packed = PackedBlocks(anchors, size, length, carry_owner, carry_valid, carry_positions)
+        dtype = drafter.fc.weight.dtype
+        mask = to_backend_mask(block_sparse_mask(packed), drafter.config._attn_implementation, dtype)
+        output = model(
+            block_embeds=embed_block_tokens(self.target.get_input_embeddings(), block_ids.flatten(1)),
+            block_position_ids=packed.block_position_ids(),
+            context_features=context_features,
+            context_position_ids=torch.arange(length, device=anchors.device).expand(batch, -1),
+            carry_features=carry_features,
+            carry_position_ids=carry_positions,
+            attention_mask=mask,
+        )
+        return output.last_hidden_state.view(batch, num_blocks, size, -1)
+
+    @torch.no_grad()
+    def greedy_drafts(self, drafter: CarryoverDrafterModel, hidden: torch.Tensor, anchor_ids: torch.LongTensor):
+        """Greedy proposals `(b, A, B-1)` as the candidate generator picks them (Markov head row by row)."""
+        lm_head = self.target.get_output_embeddings()
+        base = drafter.proposal_logits(hidden[:, :, 1:], lm_head)
+        if drafter.markov_head is None:
+            return base.argmax(-1)
+        drafts, previous = [], anchor_ids
+        for j in range(base.shape[2]):
+            previous = (base[:, :, j] + drafter.markov_head(previous).float()).argmax(-1)
+            drafts.append(previous)
+        return torch.stack(drafts, dim=-1)
+
+    def first_drafts(self, drafter: CarryoverDrafterModel, hidden: torch.Tensor, blocks: torch.LongTensor, labels):
+        """The first draft's proposals `(b, A, B-1)`: greedy, as at temperature 0. Override for other policies."""
+        return self.greedy_drafts(drafter, hidden, blocks[..., 0])
+
+    def _trained_draft_loss(
+        self,
+        drafter: CarryoverDrafterModel,
+        hidden: torch.Tensor,
+        block_ids: torch.LongTensor,
+        anchors: torch.LongTensor,
+        anchor_valid: torch.BoolTensor,
+        labels: torch.LongTensor,
+        valid: torch.BoolTensor,
+        last_hidden_state: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, dict]:
+        lm_head = self.target.get_output_embeddings()
+        # The Markov head is trained with teacher forcing: row j sees the recorded token x_{a+j-1}.
+        previous = (
+            torch.cat([block_ids[..., :1], labels[..., :-1]], dim=-1) if drafter.markov_head is not None else None
+        )
+        logits = drafter.proposal_logits(hidden[:, :, 1:], lm_head, previous)
+        teacher = None
+        if self.distillation is not None:
+            # p_target(x_{a+j} | x_{<a+j}) comes from the final-norm state at position a+j-1 of the pass over x.
+            positions = (anchors[:, :, None] + torch.arange(labels.shape[-1], device=anchors.device)).clamp(
+                max=last_hidden_state.shape[1] - 1
+            )
+            states = torch.gather(
+                last_hidden_state, 1, positions.flatten(1)[..., None].expand(-1, -1, last_hidden_state.shape[-1])
+            )
+            with torch.no_grad():
+                teacher = target_logits(self.target, states).view_as(logits)
+        row_losses = draft_losses(logits, labels, teacher, self.distillation, self.distillation_weight)
+        weights = position_weights(block_ids.shape[-1], self.gamma, device=logits.device)
+        loss_sum = weighted_block_loss_sum(row_losses, valid, weights)
+        with torch.no_grad():
+            metrics = teacher_forced_metrics(logits.detach(), labels, valid, anchor_valid)
+        return loss_sum, metrics
+
+    # -- objectives --------------------------------------------------------------------------------------------
+    def __call__(
+        self, model: nn.Module, drafter: CarryoverDrafterModel, batch: dict[str, torch.Tensor]
+    ) -> ObjectiveOutput:
+        input_ids, loss_mask = batch["input_ids"], batch["loss_mask"]
+        anchors, anchor_valid = batch["anchors"], batch["anchor_mask"].bool()
+        config = drafter.config
+        size = config.block_size
+        carryover = self.objective == "carryover"
+        states = target_forward(
+            self.target,
+            input_ids,
+            batch.get("attention_mask"),
+            config.target_layer_ids,
+            use_cache=carryover,
+            with_last_hidden_state=self.distillation is not None,
+        )
+        blocks = _block_ids(input_ids, anchors, size, config.mask_token_id)
+        labels, valid = block_labels(input_ids, loss_mask, anchors, anchor_valid, size)
+        num_anchors = anchor_valid.sum()
+
+        if not carryover:
+            hidden = self.run_drafter(model, drafter, blocks, anchors, states.features)
+            loss_sum, metrics = self._trained_draft_loss(
+                drafter, hidden, blocks, anchors, anchor_valid, labels, valid, states.last_hidden_state
+            )
+            return ObjectiveOutput(loss_sum, num_anchors, metrics)
+
+        # 1. First draft, detached: the plain block at each anchor.
+        with torch.no_grad():
+            hidden = self.run_drafter(drafter, drafter, blocks, anchors, states.features)
+            drafts = self.first_drafts(drafter, hidden, blocks, labels)
+        accepted = leading_matches(drafts, labels, valid)  # m per anchor
+
+        # 2. Verify all first drafts at once on top of the prefix cache.
+        verify_ids = torch.cat([blocks[..., :1], drafts], dim=-1)
+        verified = parallel_verify(self.target, states.past_key_values, verify_ids, anchors, config.target_layer_ids)
+        states.past_key_values = None  # extended by the verify rows: no longer the prefix cache
+
+        # 3. Second draft at a' = a + m + 1 with the rejected rows m+1..B-1 as carry rows.
+        length = input_ids.shape[1]
+        second = anchors + accepted + 1
+        inside = second < length
+        second = second.clamp(max=length - 1)
+        second_valid = anchor_valid & inside & torch.gather(loss_mask.bool(), 1, second)
+        second_blocks = _block_ids(input_ids, second, size, config.mask_token_id)
+        second_labels, second_label_valid = block_labels(input_ids, loss_mask, second, second_valid, size)
+
+        batch_size, num_blocks = anchors.shape
+        rows = torch.arange(1, size, device=anchors.device)
+        carry_valid = (rows[None, None, :] > accepted[:, :, None]) & anchor_valid[:, :, None]
+        carry_owner = (
+            torch.arange(num_blocks, device=anchors.device).repeat_interleave(size - 1).expand(batch_size, -1)
+        )
+        carry_positions = (anchors[:, :, None] + rows).flatten(1)
+        carry_features = verified.features[:, :, 1:].flatten(1, 2)
+
+        hidden = self.run_drafter(
+            model,
+            drafter,
+            second_blocks,
+            second,
+            states.features,
+            carry_features=carry_features,
+            carry_owner=carry_owner,
+            carry_valid=carry_valid.flatten(1),
+            carry_positions=carry_positions,
+        )
+        loss_sum, metrics = self._trained_draft_loss(
+            drafter,
+            hidden,
+            second_blocks,
+            second,
+            second_valid,
+            second_labels,
+            second_label_valid,
+            states.last_hidden_state,
+        )
+        valid_count = anchor_valid.sum().float()
+        metrics["first_draft_tau"] = (((accepted + 1) * anchor_valid).sum().float(), valid_count)
+        metrics["carry_rows"] = (((size - 1 - accepted) * anchor_valid).sum().float(), valid_count)
+        return ObjectiveOutput(loss_sum, num_anchors, metrics)
+
+
+__all__ = ["DrafterObjective", "ObjectiveOutput", "metric_names"]

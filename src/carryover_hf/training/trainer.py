@@ -1,0 +1,241 @@
+"""`CarryoverTrainer`: the Transformers `Trainer` for drafters, with a frozen target alongside."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments
+from transformers.utils import logging
+
+from ..compatibility import check_compatibility, check_target
+from ..modeling_carryover import CarryoverDrafterModel
+from .arguments import OBJECTIVES, CarryoverTrainingArguments
+from .collator import CarryoverDataCollator
+from .data import check_training_dataset
+from .lora import base_drafter, is_peft_model, load_extra_trainable_state, save_extra_trainable_state
+from .losses import DISTILLATION_KINDS, default_gamma
+from .objectives import DrafterObjective, metric_names
+from .verification import check_target_attention
+
+logger = logging.get_logger(__name__)
+
+_DEFAULTS = {"num_anchors": 512, "loss_decay_gamma": None, "distillation": None, "distillation_weight": 0.9}
+
+
+class _AnchorEpochCallback(TrainerCallback):
+    """Gives the collator the epoch number, so that each epoch samples new anchors (and a resumed run the same)."""
+
+    def __init__(self, collator):
+        self.collator = collator
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        # `state.epoch` is fractional mid-epoch (e.g. on resume); the epoch index is its integer part.
+        self.collator.set_epoch(math.floor((state.epoch or 0.0) + 1e-9))
+
+
+class CarryoverTrainer(Trainer):
+    r"""
+    Trains a [`CarryoverDrafterModel`] (or a PEFT-wrapped one) against a frozen target.
+
+    ```python
+    trainer = CarryoverTrainer(
+        model=drafter, target_model=target, args=CarryoverTrainingArguments(output_dir="out"),
+        train_dataset=dataset, objective="carryover",
+    )
+    trainer.train()
+    ```
+
+    The target is frozen, kept in eval mode, moved to the training device, and is no part of the optimizer or of any
+    checkpoint: checkpoints hold the drafter alone (safetensors). `args` may be plain [`TrainingArguments`]; the
+    objective fields of [`CarryoverTrainingArguments`] then take their defaults, and `objective` given here
+    overrides the one in `args`.
+
+    The loss is the position-weighted loss summed over anchors and divided by the number of anchors of the whole
+    accumulated (and, across processes, global) batch, so gradient accumulation matches one large batch.
+    """
+
+    # compute_loss already divides by the anchors of the whole accumulated batch.
+    loss_is_scaled_for_ga = True
+
+    def __init__(
+        self,
+        model: CarryoverDrafterModel | nn.Module | None = None,
+        target_model: PreTrainedModel | None = None,
+        args: TrainingArguments | None = None,
+        data_collator=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        objective: str | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers=(None, None),
+        **kwargs: Any,
+    ):
+        if model is None:
+            raise ValueError("CarryoverTrainer needs `model`: the drafter to train.")
+        if target_model is None:
+            raise ValueError(
+                "CarryoverTrainer needs `target_model`: the frozen target whose states the drafter reads."
+            )
+        drafter = base_drafter(model)
+        if not isinstance(drafter, CarryoverDrafterModel):
+            raise TypeError(
+                f"`model` must be a CarryoverDrafterModel (optionally PEFT-wrapped), got {type(model).__name__}."
+            )
+        if args is None:
+            args = CarryoverTrainingArguments(output_dir="tmp_trainer")
+        options = {name: getattr(args, name, default) for name, default in _DEFAULTS.items()}
+        self.objective = objective if objective is not None else getattr(args, "objective", "dflash")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}.")
+        if options["distillation"] not in (None, *DISTILLATION_KINDS):
+            raise ValueError(f"distillation must be one of {DISTILLATION_KINDS} or None.")
+
+        # Everything that can be wrong with the inputs is checked before any model work.
+        drafter.config.validate_carryover()
+        check_target(target_model)
+        check_compatibility(drafter.config, target_model.config, check_name=False)
+        check_target_attention(target_model)
+        text = target_model.config.get_text_config()
+        max_length = getattr(text, "max_position_embeddings", None)
+        check_training_dataset(train_dataset, text.vocab_size, max_length, "train_dataset")
+        if isinstance(eval_dataset, dict):
+            for name, dataset in eval_dataset.items():
+                check_training_dataset(dataset, text.vocab_size, max_length, f"eval_dataset[{name!r}]")
+        else:
+            check_training_dataset(eval_dataset, text.vocab_size, max_length, "eval_dataset")
+
+        if data_collator is None:
+            pad = text.pad_token_id if isinstance(getattr(text, "pad_token_id", None), int) else 0
+            seed = args.data_seed if args.data_seed is not None else args.seed
+            data_collator = CarryoverDataCollator(num_anchors=options["num_anchors"], seed=seed, pad_token_id=pad)
+        if args.ddp_find_unused_parameters is None:
+            # The LM-head path runs outside the drafter's forward; DDP's unused-parameter search would misread it.
+            args.ddp_find_unused_parameters = False
+
+        # E_carry is trained only by the carryover objective; frozen otherwise so that every trainable parameter
+        # gets a gradient at every step (DDP needs that without the unused-parameter search).
+        drafter.carry_embedding.requires_grad_(self.objective == "carryover")
+        if self.objective == "carryover":
+            drafter.config.trained_with_carryover = True
+
+        target_model.requires_grad_(False)
+        target_model.eval()
+        self.target_model = target_model
+        gamma = options["loss_decay_gamma"] or default_gamma(drafter.config.block_size)
+        self.drafter_objective = DrafterObjective(
+            target_model, self.objective, gamma, options["distillation"], options["distillation_weight"]
+        )
+        self._metric_names = metric_names(self.objective, drafter.config.block_size)
+        self._metric_sums: dict[str, torch.Tensor] = {}
+
+        callbacks = list(callbacks or [])
+        if hasattr(data_collator, "set_epoch"):
+            callbacks.append(_AnchorEpochCallback(data_collator))
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            **kwargs,
+        )
+        if not getattr(target_model, "hf_device_map", None) and not getattr(target_model, "is_quantized", False):
+            target_model.to(self.args.device)
+
+    # -- data: the collator needs the raw columns ----------------------------------------------------------------
+    def _remove_unused_columns(self, dataset, description: str | None = None):
+        return dataset
+
+    def _get_collator_with_removed_columns(self, data_collator, description: str | None = None):
+        return data_collator
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | None:
+        """The anchors of the whole accumulated batch (summed over processes when tokens are averaged)."""
+        if not batch_samples or "anchor_mask" not in batch_samples[0]:
+            return None
+        count = sum(batch["anchor_mask"].sum() for batch in batch_samples).to(device)
+        if self.args.average_tokens_across_devices and self.args.world_size > 1:
+            count = self.accelerator.gather(count).sum()
+        return count
+
+    # -- loss ----------------------------------------------------------------------------------------------------
+    def _unwrapped_drafter(self, model: nn.Module) -> CarryoverDrafterModel:
+        return base_drafter(self.accelerator.unwrap_model(model))
+
+    def _run_objective(self, model: nn.Module, inputs: dict[str, torch.Tensor], mode: str):
+        output = self.drafter_objective(model, self._unwrapped_drafter(model), inputs)
+        self._record_metrics(mode, output.metrics)
+        return output
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        mode = "train" if model.training else "eval"
+        output = self._run_objective(model, inputs, mode)
+        if num_items_in_batch is None:
+            loss = output.loss_sum / output.num_anchors.clamp(min=1)
+        else:
+            loss = output.loss_sum / torch.as_tensor(num_items_in_batch).clamp(min=1)
+            if self.args.average_tokens_across_devices and self.args.world_size > 1:
+                # DDP averages gradients over processes; the count above is already global.
+                loss = loss * self.args.world_size
+        return (loss, output) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad():
+            output = self._run_objective(model, inputs, "eval")
+        loss = (output.loss_sum / output.num_anchors.clamp(min=1)).detach()
+        return loss, None, None
+
+    # -- metrics -------------------------------------------------------------------------------------------------
+    def _record_metrics(self, mode: str, metrics: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        if mode not in self._metric_sums:
+            self._metric_sums[mode] = torch.zeros(2, len(self._metric_names), device=self.args.device)
+        sums = self._metric_sums[mode]
+        for i, name in enumerate(self._metric_names):
+            if name in metrics:
+                value, count = metrics[name]
+                sums[0, i] += value.detach().to(sums.device)
+                sums[1, i] += count.detach().to(sums.device)
+
+    def _pop_metrics(self, mode: str) -> dict[str, float]:
+        sums = self._metric_sums.pop(mode, None)
+        if sums is None:
+            sums = torch.zeros(2, len(self._metric_names), device=self.args.device)
+        if self.args.world_size > 1:
+            # Every process logs at the same steps, so this collective is matched.
+            sums = self.accelerator.reduce(sums, reduction="sum")
+        return {
+            name: round(float(sums[0, i] / sums[1, i]), 4)
+            for i, name in enumerate(self._metric_names)
+            if sums[1, i] > 0
+        }
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:
+            logs.update(self._pop_metrics("train"))
+        elif any(key.endswith("_loss") and key.startswith("eval") for key in logs):
+            prefix = next(key for key in logs if key.endswith("_loss") and key.startswith("eval"))[: -len("loss")]
+            logs.update({prefix + name: value for name, value in self._pop_metrics("eval").items()})
+        super().log(logs, start_time)
+
+    # -- checkpoints: the drafter alone ----------------------------------------------------------------------------
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        super()._save(output_dir, state_dict)
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if self.args.should_save and is_peft_model(self.model):
+            save_extra_trainable_state(self.model, output_dir)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        if is_peft_model(self.model):
+            load_extra_trainable_state(self.model, resume_from_checkpoint)
+
+
+__all__ = ["CarryoverTrainer"]
