@@ -11,7 +11,7 @@ import torch
 import carryover_hf
 from carryover_hf.bench import BenchmarkSettings, CorrectnessError, check_greedy_output, run_benchmark, tiny_prompts
 from carryover_hf.bench import runner as runner_module
-from carryover_hf.bench.native import NativeDFlashUnavailable, to_native_dflash
+from carryover_hf.hub.native import NativeDFlashUnavailable, to_native_dflash
 from carryover_hf.bench.runner import Method, run_method
 from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
 

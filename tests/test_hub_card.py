@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from huggingface_hub import ModelCard
 
 from carryover_hf.hub import render_model_card
@@ -20,14 +19,6 @@ from carryover_hf.testing import tiny_drafter, tiny_target
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 PROMPT_WORDS = ["speculative", "decoding", "works", "by"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def add_to_hub_cache(cache: Path, repo_id: str, folder: Path) -> None:

@@ -30,14 +30,6 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_shipped_configs_cover_the_targets_and_kinds():
     assert set(available_hub_configs()) == {f"{t}-{k}" for t in EXPECTED for k in ("dflash", "markov")}
 

@@ -24,15 +24,6 @@ from carryover_hf.testing import tiny_drafter, tiny_target
 VOCAB, HIDDEN, BLOCK = 8, 64, 5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models gain nothing from threads, and on a shared 2-core machine two threads contend badly.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("target")

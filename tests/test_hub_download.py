@@ -18,14 +18,6 @@ from carryover_hf.testing import tiny_drafter, tiny_target
 REVISION = "89abcdef0123456789abcdef0123456789abcdef"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def target():
     model = tiny_target("llama", vocab_size=64, hidden_size=64, num_hidden_layers=4)

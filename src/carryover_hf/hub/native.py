@@ -2,28 +2,23 @@
 
 Transformers 5.23 ships `MuseGlimmerAssistantModel` and `DFlashTokenCandidateGenerator`, which keep only accepted
 rows. A Carryover drafter with its carry segment off computes the same function, so its backbone can be loaded into
-that class and run through Transformers' code path. Prefers `carryover_hf.hub.convert` when it offers an export;
-otherwise maps the weights here.
+that class and run through Transformers' code path: the inverse of the Muse import in `carryover_hf.hub.formats`.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-
 from transformers import PreTrainedModel
 
 from ..modeling_carryover import CarryoverDrafterModel
+from .formats import MUSE_RENAMES
 
 
 class NativeDFlashUnavailable(RuntimeError):
     """This drafter cannot run on Transformers' DFlash path; the message says why."""
 
 
-# carryover name prefix -> MuseGlimmerAssistantModel name prefix; every other weight keeps its name.
-_RENAMES = {"fc.": "encoder.fc.", "hidden_norm.": "encoder.output_norm_enc."}
-# The hub module may offer any of these exports (checked in order).
-_HUB_EXPORTS = ("to_muse_glimmer_assistant", "export_muse_glimmer_assistant", "to_transformers_dflash")
+# Carryover tensor name -> MuseGlimmerAssistantModel name.
+_TO_MUSE = {carryover: muse for muse, carryover in MUSE_RENAMES.items()}
 
 
 def unsupported_reason(drafter: CarryoverDrafterModel) -> str | None:
@@ -34,14 +29,6 @@ def unsupported_reason(drafter: CarryoverDrafterModel) -> str | None:
     if config.attention_bias:
         return "attention_bias=True: MuseGlimmerAssistantModel projections have no bias"
     return None
-
-
-def _hub_export() -> Callable[[CarryoverDrafterModel], PreTrainedModel] | None:
-    try:
-        module = importlib.import_module("carryover_hf.hub.convert")
-    except ImportError:
-        return None
-    return next((getattr(module, name) for name in _HUB_EXPORTS if callable(getattr(module, name, None))), None)
 
 
 def muse_glimmer_config(drafter: CarryoverDrafterModel):
@@ -81,18 +68,10 @@ def to_native_dflash(drafter: CarryoverDrafterModel) -> PreTrainedModel:
     reason = unsupported_reason(drafter)
     if reason is not None:
         raise NativeDFlashUnavailable(reason)
-    export = _hub_export()
-    if export is not None:
-        return export(drafter).to(device=drafter.device, dtype=drafter.dtype).eval()
-
     from transformers import MuseGlimmerAssistantModel
 
-    state = {}
-    for name, tensor in drafter.state_dict().items():
-        if name == "carry_embedding":  # E_carry is only read by carry rows, which this path never has
-            continue
-        prefix = next((p for p in _RENAMES if name.startswith(p)), None)
-        state[_RENAMES[prefix] + name[len(prefix) :] if prefix else name] = tensor
+    # E_carry is only read by carry rows, which this path never has.
+    state = {_TO_MUSE.get(name, name): tensor for name, tensor in drafter.state_dict().items() if name != "carry_embedding"}
     model = MuseGlimmerAssistantModel(muse_glimmer_config(drafter))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
