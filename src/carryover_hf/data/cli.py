@@ -1,0 +1,54 @@
+"""`carryover-hf prompts build|show`: build the offline prompt suites, or summarise built ones."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .sources import SourceUnavailableError
+from .suites import CATEGORIES, DEFAULT_SEED, DEFAULT_TRAIN_SIZE, MANIFEST, PROMPTS_DIR, build_suites, write_suites
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="carryover-hf prompts", description=__doc__)
+    sub = parser.add_subparsers(dest="action", required=True)
+    build = sub.add_parser("build", help="build train/eval prompt suites from the offline sources")
+    build.add_argument("--output", type=Path, default=PROMPTS_DIR, help=f"output folder (default {PROMPTS_DIR})")
+    build.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of every random choice (default %(default)s)")
+    build.add_argument("--train-size", type=int, default=DEFAULT_TRAIN_SIZE, help="train prompts per category (at most)")
+    build.add_argument("--categories", nargs="+", default=list(CATEGORIES), choices=CATEGORIES, metavar="CATEGORY",
+                       help=f"categories to build (default all: {' '.join(CATEGORIES)})")  # fmt: skip
+    show = sub.add_parser("show", help="print the sizes, sources and licences of built suites")
+    show.add_argument("--prompts-dir", type=Path, default=PROMPTS_DIR)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.action == "show":
+        path = args.prompts_dir / MANIFEST
+        if not path.is_file():
+            print(f"no {MANIFEST} in {args.prompts_dir}; build the suites with `carryover-hf prompts build`", file=sys.stderr)
+            return 1
+        manifest = json.loads(path.read_text())
+        for category, entry in manifest["categories"].items():
+            print(f"{category:<15} eval {entry['eval']['size']:>4}  train {entry['train']['size']:>5}")
+            for source, info in entry["train"]["sources"].items():
+                print(f"    {info['prompts']:>5}  {source}  [{'; '.join(info['licenses'])}]")
+        return 0
+    if args.train_size < 1:
+        print("--train-size must be positive", file=sys.stderr)
+        return 2
+    start = time.time()
+    try:
+        suites = build_suites(seed=args.seed, categories=args.categories, train_size=args.train_size,
+                              progress=lambda message: print(f"[{time.time() - start:6.0f}s] {message}", flush=True))  # fmt: skip
+    except SourceUnavailableError as error:
+        print(f"carryover-hf prompts build: a source is missing.\n{error}", file=sys.stderr)
+        return 1
+    write_suites(suites, args.output, seed=args.seed, train_size=args.train_size)
+    print(f"wrote {args.output} ({sum(len(s['train']) + len(s['eval']) for s in suites.values())} prompts)")
+    return 0
