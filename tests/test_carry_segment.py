@@ -67,7 +67,8 @@ def test_carry_rows_are_the_verified_states_of_rejected_drafts(setup):
     output, rec = _run(target, drafter, prompt)
     layer_ids = drafter.config.target_layer_ids
     stats = drafter.last_generation_stats
-    assert len(rec.verifications) == len(rec.proposals) + 1  # the prefill, then one verification per proposal
+    # The prefill, one verification per proposal, and one per round whose length budget left no drafts.
+    assert len(rec.verifications) == len(rec.proposals) + 1 + stats.draft_lengths.count(0)
     checked = 0
     for r in range(1, len(rec.proposals)):
         verify = rec.verifications[r]  # verification r checked proposal r - 1 (verification 0 is the prefill)

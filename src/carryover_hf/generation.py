@@ -134,8 +134,16 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         else:
             self.carry_features = self.carry_positions = None
 
-        # 4. Draft one block [anchor, MASK x (B-1)] at positions anchor_pos + j.
+        self.stats.carry_rows.append(0 if self.carry_features is None else self.carry_features.shape[1])
         num_drafts = min(self.config.block_size - 1, self.max_length - input_ids.shape[1] - 1)
+        if num_drafts <= 0:
+            # The next target step fills the length budget and generation ends there: no proposal is needed.
+            self.finished_drafting = True
+            self.stats.draft_lengths.append(0)
+            self.stats.drafting_time += self._lap()
+            return input_ids, None
+
+        # 4. Draft one block [anchor, MASK x (B-1)] at positions anchor_pos + j.
         block_ids = torch.full((1, self.config.block_size), self.config.mask_token_id, device=input_ids.device)
         block_ids[:, 0] = input_ids[:, -1]
         output = self.drafter(
@@ -148,13 +156,6 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             past_key_values=self.context_cache,
             use_cache=True,
         )
-        self.stats.carry_rows.append(0 if self.carry_features is None else self.carry_features.shape[1])
-        if num_drafts <= 0:
-            # The next target step fills the length budget; generation ends there.
-            self.finished_drafting = True
-            self.stats.draft_lengths.append(0)
-            self.stats.drafting_time += self._lap()
-            return input_ids, None
         candidate_ids, candidate_logits = self._pick_tokens(input_ids, output.last_hidden_state[:, 1 : 1 + num_drafts])
         self.stats.draft_lengths.append(num_drafts)
         self.stats.drafting_time += self._lap()
