@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,19 +13,10 @@ from huggingface_hub import ModelCard
 
 from carryover_hf.hub import render_model_card
 from carryover_hf.hub.card import format_evaluation
+from carryover_hf.hub.local_cache import add_to_hub_cache
 from carryover_hf.testing import tiny_drafter, tiny_target
 
-
-REVISION = "0123456789abcdef0123456789abcdef01234567"
 PROMPT_WORDS = ["speculative", "decoding", "works", "by"]
-
-
-def add_to_hub_cache(cache: Path, repo_id: str, folder: Path) -> None:
-    """Place `folder` in the Hub cache layout: models--org--name/snapshots/<rev>/..., refs/main -> <rev>."""
-    repo = cache / f"models--{repo_id.replace('/', '--')}"
-    shutil.copytree(folder, repo / "snapshots" / REVISION)
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(REVISION)
 
 
 def save_tiny_tokenizer(folder: Path, vocab_size: int) -> None:
@@ -43,8 +33,14 @@ def save_tiny_tokenizer(folder: Path, vocab_size: int) -> None:
 
 
 def offline_env(cache: Path, home: Path) -> dict[str, str]:
-    return {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HOME": str(home), "HF_HUB_OFFLINE": "1",
-            "OMP_NUM_THREADS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    return {
+        **os.environ,
+        "HF_HUB_CACHE": str(cache),
+        "HF_HOME": str(home),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +51,21 @@ def drafter():
 
 def test_card_carries_hub_metadata_and_the_evaluation_table(drafter, tmp_path):
     evaluation = [
-        {"category": "translation", "acceptance_length": 2.5, "acceptance_length_ci": [2.41, 2.6],
-         "speedup": 2.5, "speedup_ci": [2.4, 2.61]},
+        {
+            "category": "translation",
+            "acceptance_length": 2.5,
+            "acceptance_length_ci": [2.41, 2.6],
+            "speedup": 2.5,
+            "speedup_ci": [2.4, 2.61],
+        },
         {"category": "rag", "acceptance_length": 1.9},
     ]
-    card = render_model_card(drafter.config, repo_id="org/tiny-carryover-dflash", evaluation=evaluation,
-                             training_data="recorded target responses to 1k prompts")
+    card = render_model_card(
+        drafter.config,
+        repo_id="org/tiny-carryover-dflash",
+        evaluation=evaluation,
+        training_data="recorded target responses to 1k prompts",
+    )
     card.save(tmp_path / "README.md")
     loaded = ModelCard.load(tmp_path / "README.md")
     assert loaded.data.base_model == "org/tiny-target"
@@ -104,14 +109,54 @@ def test_usage_snippet_runs_against_tiny_models_offline(tmp_path):
     card = render_model_card(drafter.config, repo_id="org/tiny-carryover-dflash")
     card.save(tmp_path / "drafter" / "README.md")
     cache = tmp_path / "cache"
-    add_to_hub_cache(cache, "org/tiny-target", tmp_path / "target")
-    add_to_hub_cache(cache, "org/tiny-carryover-dflash", tmp_path / "drafter")
+    add_to_hub_cache(tmp_path / "target", "org/tiny-target", cache)
+    add_to_hub_cache(tmp_path / "drafter", "org/tiny-carryover-dflash", cache)
 
     snippet = re.search(r"```python\n(.*?)```", card.text, re.DOTALL).group(1)
     (tmp_path / "snippet.py").write_text(snippet)
-    result = subprocess.run([sys.executable, str(tmp_path / "snippet.py")], env=offline_env(cache, tmp_path / "home"),
-                            capture_output=True, text=True, timeout=300, check=False)
+    result = subprocess.run(
+        [sys.executable, str(tmp_path / "snippet.py")],
+        env=offline_env(cache, tmp_path / "home"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     decoded, acceptance = result.stdout.strip().splitlines()[-2:]
     assert decoded.startswith("speculative decoding works by")
     assert float(acceptance) >= 1.0
+
+
+def test_card_rows_from_a_bench_report_and_push_cli(drafter, tmp_path):
+    import json
+
+    from carryover_hf.hub.card import evaluation_from_bench
+    from carryover_hf.hub.push import main as push_main
+
+    report_path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "tiny-smoke" / "results.json"
+    report = json.loads(report_path.read_text())
+    rows = evaluation_from_bench(report, "tiny/carry_on", 0.0)
+    summary = next(e for e in report["results"] if e["temperature"] == 0.0)["summary"]["tiny/carry_on"]
+    assert [row["category"] for row in rows][-1] == "all" and len(rows) == len(summary)
+    for row in rows:
+        stats = summary[row["category"]]
+        assert row["acceptance_length"] == stats["acceptance_length_per_prompt"]["estimate"]
+        assert row["speedup_ci"] == [stats["speedup"]["ci_low"], stats["speedup"]["ci_high"]]
+    with pytest.raises(ValueError, match="no method 'nope'"):
+        evaluation_from_bench(report, "nope")
+    with pytest.raises(ValueError, match="no results at temperature 0.5"):
+        evaluation_from_bench(report, "tiny/carry_on", 0.5)
+
+    drafter.save_pretrained(tmp_path / "saved")
+    assert push_main([str(tmp_path / "saved"), "org/x", "--evaluation", str(report_path), "--dry-run", str(tmp_path / "a")]) == 1
+    out = tmp_path / "b"
+    assert push_main([str(tmp_path / "saved"), "org/x", "--evaluation", str(report_path), "--evaluation-method",
+                      "tiny/carry_on", "--dtype", "bfloat16", "--carry", "off", "--dry-run", str(out)]) == 0  # fmt: skip
+    assert json.loads((out / "config.json").read_text())["use_carryover"] is False
+    card = (out / "README.md").read_text()
+    assert f"{rows[-1]['acceptance_length']:.2f} [{rows[-1]['acceptance_length_ci'][0]:.2f}" in card
+    from safetensors import safe_open
+
+    with safe_open(out / "model.safetensors", "pt") as weights:
+        assert {str(weights.get_tensor(k).dtype) for k in weights.keys()} == {"torch.bfloat16"}

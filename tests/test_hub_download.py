@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import huggingface_hub.constants
 import pytest
 import torch
@@ -12,10 +9,8 @@ from transformers import AutoModel, AutoModelForCausalLM
 
 from carryover_hf import CarryoverDrafterModel, DrafterTargetMismatchError
 from carryover_hf.hub import CheckpointError, import_checkpoint, load_drafter
+from carryover_hf.hub.local_cache import add_to_hub_cache
 from carryover_hf.testing import tiny_drafter, tiny_target
-
-
-REVISION = "89abcdef0123456789abcdef0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +34,10 @@ def drafter_outputs(drafter: CarryoverDrafterModel, target) -> tuple[torch.Tenso
         hidden = drafter(
             block_embeds=target.get_input_embeddings()(torch.tensor([[5, 63, 63, 63]])),
             block_position_ids=torch.arange(6, 10)[None],
-            context_features=features, context_position_ids=torch.arange(6)[None],
-            carry_features=carry, carry_position_ids=torch.arange(6, 8)[None],
+            context_features=features,
+            context_position_ids=torch.arange(6)[None],
+            carry_features=carry,
+            carry_position_ids=torch.arange(6, 8)[None],
         ).last_hidden_state
     ids = torch.tensor([[3, 1, 4, 1, 5, 9]])
     output = target.generate(ids, assistant_model=drafter, max_new_tokens=16, do_sample=False)
@@ -57,21 +54,14 @@ def test_save_load_round_trip_gives_identical_outputs(target, drafter, tmp_path)
     assert output == expected_output and lengths == expected_lengths
 
 
-def add_to_hub_cache(cache: Path, repo_id: str, folder: Path) -> None:
-    repo = cache / f"models--{repo_id.replace('/', '--')}"
-    shutil.copytree(folder, repo / "snapshots" / REVISION)
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(REVISION)
-
-
 @pytest.fixture
 def offline_cache(tmp_path, monkeypatch, target, drafter):
     """org/tiny-target and org/tiny-carryover-dflash in a Hub cache, with the Hub switched offline."""
     cache = tmp_path / "cache"
     target.save_pretrained(tmp_path / "target")
     drafter.save_pretrained(tmp_path / "drafter")
-    add_to_hub_cache(cache, "org/tiny-target", tmp_path / "target")
-    add_to_hub_cache(cache, "org/tiny-carryover-dflash", tmp_path / "drafter")
+    add_to_hub_cache(tmp_path / "target", "org/tiny-target", cache)
+    add_to_hub_cache(tmp_path / "drafter", "org/tiny-carryover-dflash", cache)
     # huggingface_hub reads HF_HUB_CACHE / HF_HUB_OFFLINE at import; set the variables and the values read from them.
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -123,13 +113,23 @@ def test_loading_a_foreign_checkpoint_points_to_convert(target, tmp_path):
 def test_convert_reads_a_repo_id_from_the_offline_cache(offline_cache, tmp_path):
     from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
-    muse = MuseGlimmerAssistantModel(MuseGlimmerAssistantConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, block_size=4, mask_token_id=63, target_layer_ids=[1, 2], layer_types=["full_attention"],
-    ))
+    muse = MuseGlimmerAssistantModel(
+        MuseGlimmerAssistantConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            block_size=4,
+            mask_token_id=63,
+            target_layer_ids=[1, 2],
+            layer_types=["full_attention"],
+        )
+    )
     muse.save_pretrained(tmp_path / "muse")
     (tmp_path / "muse" / "notes.bin").write_bytes(b"not fetched")  # only config, safetensors and README are read
-    add_to_hub_cache(offline_cache, "org/tiny-muse-assistant", tmp_path / "muse")
+    add_to_hub_cache(tmp_path / "muse", "org/tiny-muse-assistant", offline_cache)
     report = import_checkpoint("org/tiny-muse-assistant", tmp_path / "out", target="org/tiny-target")
     assert report.source == "org/tiny-muse-assistant" and len(report.mapped) == len(muse.state_dict())
     drafter = CarryoverDrafterModel.from_pretrained(tmp_path / "out")

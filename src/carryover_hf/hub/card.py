@@ -11,7 +11,6 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from ..configuration_carryover import CarryoverDrafterConfig
 
-
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_TEMPLATE = REPO_ROOT / "model_cards" / "carryover_drafter.md"
 LIBRARY_NAME = "transformers"
@@ -53,6 +52,26 @@ def format_evaluation(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]
             }
         )
     return table
+
+
+def evaluation_from_bench(report: Mapping[str, Any], method: str, temperature: float = 0.0) -> list[dict[str, Any]]:
+    """Evaluation rows for the card from a `carryover-hf bench` report (`results.json`): one per category, then
+    `all`, with the per-prompt mean acceptance length and the decode speedup, each with its confidence interval."""
+    by_temperature = {float(entry["temperature"]): entry for entry in report.get("results", [])}
+    if float(temperature) not in by_temperature:
+        raise ValueError(f"the bench report has no results at temperature {temperature}; it has {sorted(by_temperature)}")
+    summary = by_temperature[float(temperature)]["summary"]
+    if method not in summary:
+        raise ValueError(f"the bench report has no method {method!r}; it has {sorted(summary)}")
+    rows = []
+    for group, stats in sorted(summary[method].items(), key=lambda item: (item[0] == "all", item[0])):
+        row: dict[str, Any] = {"category": group}
+        for key, source in (("acceptance_length", "acceptance_length_per_prompt"), ("speedup", "speedup")):
+            if stats.get(source):
+                row[key] = stats[source]["estimate"]
+                row[f"{key}_ci"] = [stats[source]["ci_low"], stats[source]["ci_high"]]
+        rows.append(row)
+    return rows
 
 
 def default_objective(config: CarryoverDrafterConfig) -> str:

@@ -16,16 +16,12 @@ from huggingface_hub.utils import validate_repo_id
 
 from ..configuration_carryover import CarryoverDrafterConfig
 from ..modeling_carryover import CarryoverDrafterModel
-from .card import render_model_card
+from .card import evaluation_from_bench, render_model_card
 from .checkpoints import CheckpointError, read_config, safetensors_files
 
 
-def _write_weights(drafter: CarryoverDrafterModel | str | Path, folder: Path) -> CarryoverDrafterConfig:
-    """The drafter's config and safetensors weights in `folder` (nothing else is copied from a source folder)."""
-    if isinstance(drafter, CarryoverDrafterModel):
-        drafter.save_pretrained(folder, safe_serialization=True)
-        return drafter.config
-    source = Path(drafter)
+def _read_drafter_config(source: Path) -> dict:
+    """The raw config of a saved drafter folder, or a `CheckpointError` saying what the folder is instead."""
     if not source.is_dir():
         raise CheckpointError(f"{source} is not a folder; pass a saved drafter folder or a CarryoverDrafterModel.")
     raw = read_config(source)
@@ -34,6 +30,16 @@ def _write_weights(drafter: CarryoverDrafterModel | str | Path, folder: Path) ->
             f"{source} is not a Carryover drafter (model_type={raw.get('model_type')!r}); "
             "import DFlash checkpoints first with `carryover-hf convert`."
         )
+    return raw
+
+
+def _write_weights(drafter: CarryoverDrafterModel | str | Path, folder: Path) -> CarryoverDrafterConfig:
+    """The drafter's config and safetensors weights in `folder` (nothing else is copied from a source folder)."""
+    if isinstance(drafter, CarryoverDrafterModel):
+        drafter.save_pretrained(folder, safe_serialization=True)
+        return drafter.config
+    source = Path(drafter)
+    raw = _read_drafter_config(source)
     shutil.copy2(source / "config.json", folder / "config.json")
     for file in safetensors_files(source):
         shutil.copy2(file, folder / file.name)
@@ -63,6 +69,7 @@ def push_to_hub(
     repo_id: str,
     *,
     evaluation: Sequence[Mapping[str, Any]] | None = None,
+    evaluation_note: str | None = None,
     training_data: str | None = None,
     objective: str | None = None,
     base_model: str | None = None,
@@ -81,7 +88,12 @@ def push_to_hub(
     """
     validate_repo_id(repo_id)
     card_kwargs = dict(
-        evaluation=evaluation, training_data=training_data, objective=objective, base_model=base_model, license=license
+        evaluation=evaluation,
+        evaluation_note=evaluation_note,
+        training_data=training_data,
+        objective=objective,
+        base_model=base_model,
+        license=license,
     )
     if dry_run is not None:
         return str(build_upload_folder(drafter, dry_run, repo_id, **card_kwargs))
@@ -106,12 +118,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("drafter", help="folder of a saved Carryover drafter (config.json + *.safetensors)")
     parser.add_argument("repo_id", help="Hub repository, e.g. org/qwen3-4b-carryover-dflash")
-    parser.add_argument("--evaluation", help="JSON file: a list of rows {category, acceptance_length, "
-                        "acceptance_length_ci, speedup, speedup_ci} for the card's evaluation table")
+    parser.add_argument("--evaluation", help="JSON file for the card's evaluation table: a list of rows {category, "
+                        "acceptance_length, acceptance_length_ci, speedup, speedup_ci}, or a `carryover-hf bench` "
+                        "results.json (then give --evaluation-method)")
+    parser.add_argument("--evaluation-method", help="method of a bench report to show, e.g. carryover/carry_on")
+    parser.add_argument("--evaluation-temperature", type=float, default=0.0, help="temperature of a bench report")
+    parser.add_argument("--evaluation-note", help="text above the evaluation table (setup, hardware, prompts)")
     parser.add_argument("--training-data", help="training data description for the card")
     parser.add_argument("--objective", help="training objective for the card (default: from the config)")
     parser.add_argument("--base-model", help="target Hub id for the card metadata (default: the recorded target)")
     parser.add_argument("--license", default="apache-2.0", help="licence identifier for the card metadata")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
+                        help="cast the weights before upload (default: as saved); bf16/fp16 halve the download")
+    parser.add_argument("--carry", choices=["on", "off"],
+                        help="set config.use_carryover in the upload (default: as saved); 'off' for DFlash-trained "
+                        "drafters that should draft as plain DFlash by default")
     parser.add_argument("--private", action="store_true", help="create the repository as private")
     parser.add_argument("--revision", help="branch to push to")
     parser.add_argument("--commit-message", help="commit message")
@@ -125,12 +146,26 @@ def main(argv: list[str] | None = None) -> int:
         evaluation = None
         if args.evaluation:
             evaluation = json.loads(Path(args.evaluation).read_text())
+            if isinstance(evaluation, dict) and "results" in evaluation:
+                if not args.evaluation_method:
+                    raise ValueError(f"{args.evaluation} is a bench report; say which method with --evaluation-method.")
+                evaluation = evaluation_from_bench(evaluation, args.evaluation_method, args.evaluation_temperature)
             if not isinstance(evaluation, list):
-                raise ValueError(f"{args.evaluation} must hold a JSON list of evaluation rows.")
+                raise ValueError(f"{args.evaluation} must hold a JSON list of evaluation rows or a bench report.")
+        drafter = args.drafter
+        if args.dtype or args.carry:
+            import torch
+
+            _read_drafter_config(Path(drafter))
+            dtype = getattr(torch, args.dtype) if args.dtype else "auto"
+            drafter = CarryoverDrafterModel.from_pretrained(drafter, dtype=dtype)
+            if args.carry:
+                drafter.config.use_carryover = args.carry == "on"
         result = push_to_hub(
-            args.drafter,
+            drafter,
             args.repo_id,
             evaluation=evaluation,
+            evaluation_note=args.evaluation_note,
             training_data=args.training_data,
             objective=args.objective,
             base_model=args.base_model,

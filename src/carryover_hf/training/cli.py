@@ -81,18 +81,28 @@ class DataArguments:
 
     dataset: str = field(
         default=None,
-        metadata={"help": "Training data: a `save_to_disk` folder, or a .jsonl/.json/.parquet file."},
+        metadata={
+            "help": "Training data: a `carryover-hf regenerate` output folder, a `save_to_disk` folder, or a "
+            ".jsonl/.json/.parquet file."
+        },
     )
     eval_dataset: str | None = field(default=None, metadata={"help": "Evaluation data, same formats."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training rows."})
 
 
 def load_rows(path: str, name: str = "dataset"):
-    """A `datasets.Dataset` from a `save_to_disk` folder or a json/jsonl/parquet file."""
+    """A `datasets.Dataset` from a regeneration run folder, a `save_to_disk` folder or a json/jsonl/parquet file.
+
+    A regeneration run still in progress gives its finished chunks in run order, so `--max_train_samples N` pins a
+    run to the same first N rows while generation goes on."""
     import datasets
+
+    from ..data.regenerate import STATE_FILE, load_regenerated
 
     if path is None:
         raise ValueError(f"--{name} is required: the recorded target responses to train on.")
+    if os.path.isfile(os.path.join(path, STATE_FILE)):
+        return load_regenerated(path)
     if os.path.isdir(path):
         rows = datasets.load_from_disk(path)
         if isinstance(rows, datasets.DatasetDict):
@@ -157,7 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     # Cheap checks first: the data, then the checkpoint to resume, then the models.
     train_rows = load_rows(data_args.dataset, "dataset")
     if data_args.max_train_samples is not None:
-        train_rows = train_rows.select(range(min(data_args.max_train_samples, len(train_rows))))
+        if data_args.max_train_samples > len(train_rows):
+            raise ValueError(
+                f"--max_train_samples {data_args.max_train_samples}: {data_args.dataset} has only {len(train_rows)} "
+                "rows. Lower it, or wait for more regenerated chunks."
+            )
+        train_rows = train_rows.select(range(data_args.max_train_samples))
     eval_rows = load_rows(data_args.eval_dataset, "eval_dataset") if data_args.eval_dataset else None
     resume = training_args.resume_from_checkpoint
     if resume in ("last", "latest", "true", "True"):
