@@ -73,6 +73,26 @@ def test_train_command_rejects_bad_data_before_loading_models(assets, tmp_path):
         carryover_main(["train", *_common(assets, tmp_path), "--dataset", str(tmp_path / "missing.txt")])
     with pytest.raises(ValueError, match="no checkpoint"):
         carryover_main(["train", *_common(assets, tmp_path / "empty"), "--resume_from_checkpoint", "last"])
+    with pytest.raises(ValueError, match="--max_train_samples 9: .* has only 8 rows"):
+        carryover_main(["train", *_common(assets, tmp_path), "--max_train_samples", "9"])
+
+
+def test_rows_of_a_regeneration_run_in_progress(tmp_path):
+    from carryover_hf.data.regenerate import STATE_FILE, _write_chunk
+    from carryover_hf.training.cli import load_rows
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / STATE_FILE).write_text("{}")
+    base = {"split": "train", "source": "s", "license": "l", "system": None, "turns": ["q"], "responses": ["a"],
+            "text": "q a", "finished": True, "target": "t", "generation": "{}"}  # fmt: skip
+    for chunk in (1, 0):  # written out of order; a half-written chunk file is not read
+        rows = [dict(base, id=f"c{chunk}/{i}", category="qa", input_ids=[1, 2, 3 + i], loss_mask=[0, 1, 1],
+                     num_response_tokens=2) for i in range(2)]  # fmt: skip
+        _write_chunk(tmp_path, chunk, rows, {"chunk": chunk})
+    (tmp_path / "data" / ".chunk-00002.parquet.tmp").write_bytes(b"partial")
+    rows = load_rows(str(tmp_path))
+    assert rows["id"] == ["c0/0", "c0/1", "c1/0", "c1/1"]
+    assert rows["input_ids"][3] == [1, 2, 4] and rows["loss_mask"][0] == [0, 1, 1]
 
 
 def _free_port() -> int:
