@@ -1,0 +1,185 @@
+"""`carryover-hf demo`: a shipped drafter against its target alone, on a few held-out prompts.
+
+```bash
+carryover-hf demo                      # SmolLM2-135M-Instruct + carryover-hf/smollm2-135m-carryover-dflash
+carryover-hf demo --drafter runs/my-drafter --categories code qa --max_new_tokens 256
+```
+
+The drafters committed under `drafters/<org>/<name>` are placed in the local Hugging Face cache and loaded by repo id,
+exactly as after a download (`AutoModel.from_pretrained("carryover-hf/smollm2-135m-carryover-dflash")`). Each prompt
+runs with the target alone and with the drafter, back to back, after an untimed warm-up; the demo prints both times,
+the speedup and the mean acceptance length, and checks that greedy outputs are identical.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SHIPPED_DRAFTERS = Path(__file__).resolve().parents[2] / "drafters"
+DEFAULT_DRAFTER = "carryover-hf/smollm2-135m-carryover-dflash"
+DEFAULT_CATEGORIES = ["translation", "qa", "math_reasoning", "code"]
+
+
+@dataclass
+class DemoArguments:
+    target: str = field(default="smollm2-135m", metadata={"help": "target alias, local folder or Hub id"})
+    drafter: str = field(
+        default=DEFAULT_DRAFTER,
+        metadata={"help": "drafter: a shipped repo id (drafters/<org>/<name>), a saved folder, or a Hub id"},
+    )
+    categories: list[str] = field(
+        default_factory=lambda: list(DEFAULT_CATEGORIES), metadata={"help": "eval-suite categories to draw prompts from"}
+    )
+    prompts_per_category: int = field(default=1, metadata={"help": "held-out prompts per category"})
+    max_new_tokens: int = field(default=96, metadata={"help": "new tokens per prompt (fewer if the target stops)"})
+    temperature: float = field(default=0.0, metadata={"help": "0: greedy (outputs are checked to be identical)"})
+    dtype: str = field(default="float32", metadata={"help": "float32 (fastest on AVX2 CPUs) or bfloat16"})
+    threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)"})
+    seed: int = field(default=0, metadata={"help": "seed of prompt i is seed + i (sampling)"})
+    output: str | None = field(default=None, metadata={"help": "also write the results as JSON here"})
+
+
+def resolve_drafter(spec: str) -> tuple[str, dict]:
+    """Where to load a drafter from, and the `from_pretrained` options: a shipped drafter is first put into the local
+    Hub cache and then loaded by its repo id, offline."""
+    from .hub.local_cache import add_to_hub_cache
+
+    if Path(spec).expanduser().is_dir():
+        return str(Path(spec).expanduser()), {}
+    shipped = SHIPPED_DRAFTERS / spec
+    if spec.count("/") == 1 and (shipped / "config.json").is_file():
+        add_to_hub_cache(shipped, spec)
+        return spec, {"local_files_only": True}
+    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        available = sorted(f"{p.parent.name}/{p.name}" for p in SHIPPED_DRAFTERS.glob("*/*") if p.is_dir())
+        raise FileNotFoundError(f"drafter {spec!r} is neither a folder nor a repo id; shipped drafters: {available}")
+    return spec, {}
+
+
+def _check_args(args: DemoArguments) -> None:
+    from .data.suites import CATEGORIES
+
+    problems = []
+    unknown = sorted(set(args.categories) - set(CATEGORIES))
+    if unknown:
+        problems.append(f"unknown categories {unknown}; choose from {list(CATEGORIES)}")
+    if args.prompts_per_category < 1 or args.max_new_tokens < 1:
+        problems.append("--prompts_per_category and --max_new_tokens must be positive")
+    if args.temperature < 0:
+        problems.append("--temperature must be >= 0")
+    if args.dtype not in ("float32", "bfloat16"):
+        problems.append(f"--dtype must be float32 or bfloat16, got {args.dtype!r}")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, prompts=None) -> dict:
+    """Runs the demo; models and prompts may be passed in (tests use tiny ones). Returns the results."""
+    import torch
+
+    from .bench.prompts import default_suite_dir, encode_prompt, load_prompts
+    from .bench.runner import BenchmarkSettings, Method, check_greedy_output, run_method
+
+    _check_args(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if prompts is None:
+        prompts = load_prompts(default_suite_dir(), args.categories, "eval", args.prompts_per_category)
+    if target is None:
+        from .targets import load_target
+
+        target, tokenizer = load_target(args.target, dtype=args.dtype)
+    if drafter is None:
+        from .hub.loading import load_drafter
+
+        source, options = resolve_drafter(args.drafter)
+        drafter = load_drafter(source, target, **options)
+    target.eval(), drafter.eval()
+    settings = BenchmarkSettings(max_new_tokens=args.max_new_tokens, warmup=0, overhead=False)
+    alone, assisted = Method("target", "target"), Method("drafter", "carry_on", assistant=drafter, use_carryover=True)
+    encoded = [encode_prompt(p, tokenizer) for p in prompts]
+
+    for method in (alone, assisted):  # untimed warm-up
+        run_method(target, method, encoded[0], args.temperature, settings, args.seed, max_new_tokens=16)
+    rows = []
+    for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
+        seed = args.seed + index
+        # The order alternates so that drift of the machine favours neither side.
+        order = (alone, assisted) if index % 2 == 0 else (assisted, alone)
+        results = {m.name: run_method(target, m, ids, args.temperature, settings, seed) for m in order}
+        (reference, plain), (output, spec) = results["target"], results["drafter"]
+        rounds = spec["acceptance_lengths"]
+        row = {
+            "id": prompt.id,
+            "category": prompt.category,
+            "new_tokens": int(output.numel()),
+            "target_seconds": plain["total_time"],
+            "drafter_seconds": spec["total_time"],
+            "speedup": plain["total_time"] / spec["total_time"],
+            "acceptance_length": sum(rounds) / len(rounds) if rounds else None,
+        }
+        if args.temperature == 0:
+            row["identical"] = check_greedy_output(target, ids, reference, output, tolerance=0.0)["identical"]
+        rows.append(row)
+        if tokenizer is not None and index == 0:
+            print(f"\n[{prompt.category}] {tokenizer.decode(output, skip_special_tokens=True)[:300]}\n", flush=True)
+
+    total_plain = sum(r["target_seconds"] for r in rows)
+    total_spec = sum(r["drafter_seconds"] for r in rows)
+    accepted = [r["acceptance_length"] for r in rows if r["acceptance_length"] is not None]
+    summary = {
+        "target": args.target,
+        "drafter": args.drafter,
+        "dtype": str(target.dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
+        "temperature": args.temperature,
+        "max_new_tokens": args.max_new_tokens,
+        "speedup": total_plain / total_spec,
+        "mean_acceptance_length": sum(accepted) / len(accepted) if accepted else None,
+        "all_identical": all(r.get("identical", True) for r in rows),
+        "prompts": rows,
+    }
+    return summary
+
+
+def format_summary(summary: dict) -> str:
+    lines = [f"{'prompt':<34} {'tokens':>6} {'target s':>9} {'drafter s':>10} {'speedup':>8} {'accept':>7}"]
+    for row in summary["prompts"]:
+        accept = f"{row['acceptance_length']:.2f}" if row["acceptance_length"] is not None else "-"
+        mark = {True: "", False: "  OUTPUT DIFFERS"}.get(row.get("identical"), "")
+        lines.append(f"{row['id']:<34} {row['new_tokens']:>6} {row['target_seconds']:>9.2f} "
+                     f"{row['drafter_seconds']:>10.2f} {row['speedup']:>7.2f}x {accept:>7}{mark}")  # fmt: skip
+    accept = summary["mean_acceptance_length"]
+    lines.append(
+        f"\n{summary['drafter']} on {summary['target']} ({summary['dtype']}, {summary['threads']} threads, "
+        f"T={summary['temperature']}): speedup {summary['speedup']:.2f}x over the target alone, "
+        f"mean acceptance length {accept:.2f}" if accept is not None else "no speculative rounds ran"
+    )
+    if summary["temperature"] == 0:
+        lines.append("greedy outputs identical to the target alone: " + ("yes" if summary["all_identical"] else "NO"))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(DemoArguments, prog="carryover-hf demo", description=__doc__.split("\n\n")[0])
+    (args,) = parser.parse_args_into_dataclasses(args=argv)
+    started = time.time()
+    try:
+        summary = run_demo(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"carryover-hf demo: {error}", file=sys.stderr)
+        return 2
+    print(format_summary(summary))
+    print(f"({time.time() - started:.0f} s in all)")
+    if args.output:
+        Path(args.output).write_text(json.dumps(summary, indent=2) + "\n")
+    return 0 if summary["all_identical"] else 1
+
+
+__all__ = ["DemoArguments", "format_summary", "resolve_drafter", "run_demo"]

@@ -1,0 +1,54 @@
+"""`carryover-hf demo`: the timed comparison on tiny models, and loading a shipped drafter by repo id from the cache."""
+
+from __future__ import annotations
+
+import huggingface_hub.constants
+import pytest
+from transformers import AutoModel
+
+from carryover_hf import CarryoverDrafterModel, demo
+from carryover_hf.bench.prompts import tiny_prompts
+from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+
+
+def test_demo_reports_identical_greedy_outputs_speedup_and_acceptance():
+    target = tiny_target("llama", vocab_size=64, hidden_size=64, num_hidden_layers=4)
+    drafter = tiny_drafter(target, num_hidden_layers=1, block_size=4)
+    skew_towards_token(target, token_id=5, strength=4.0)  # long agreements: drafts get accepted
+    prompts = tiny_prompts(3, vocab_size=64)
+    args = demo.DemoArguments(max_new_tokens=12, categories=["qa"])
+    summary = demo.run_demo(args, target=target, drafter=drafter, prompts=prompts)
+    assert [row["id"] for row in summary["prompts"]] == ["tiny-0", "tiny-1", "tiny-2"]
+    assert summary["all_identical"] and all(row["identical"] for row in summary["prompts"])
+    assert all(row["new_tokens"] == 12 for row in summary["prompts"])
+    assert summary["mean_acceptance_length"] > 1.0  # the skewed target accepts drafts
+    assert summary["speedup"] > 0
+    table = demo.format_summary(summary)
+    assert "greedy outputs identical to the target alone: yes" in table and "tiny-2" in table
+
+
+def test_demo_rejects_bad_options_before_loading_anything(capsys):
+    assert demo.main(["--categories", "poetry", "--target", "/nonexistent"]) == 2
+    assert "unknown categories ['poetry']" in capsys.readouterr().err
+
+
+def test_shipped_drafter_loads_by_repo_id_from_the_local_hub_cache(tmp_path, monkeypatch):
+    target = tiny_target("llama", vocab_size=64, hidden_size=64, num_hidden_layers=4)
+    drafter = tiny_drafter(target, num_hidden_layers=1, block_size=4)
+    shipped = tmp_path / "drafters"
+    drafter.save_pretrained(shipped / "org" / "tiny-carryover-dflash")
+    monkeypatch.setattr(demo, "SHIPPED_DRAFTERS", shipped)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+    source, options = demo.resolve_drafter("org/tiny-carryover-dflash")
+    assert source == "org/tiny-carryover-dflash" and options == {"local_files_only": True}
+    assert (tmp_path / "cache" / "models--org--tiny-carryover-dflash" / "refs" / "main").is_file()
+    loaded = AutoModel.from_pretrained("org/tiny-carryover-dflash", cache_dir=tmp_path / "cache")
+    assert isinstance(loaded, CarryoverDrafterModel)
+    for name, tensor in drafter.state_dict().items():
+        assert loaded.state_dict()[name].equal(tensor), name
+    assert demo.resolve_drafter("org/tiny-carryover-dflash") == (source, options)  # a second install is a no-op
+
+    with pytest.raises(FileNotFoundError, match="shipped drafters: \\['org/tiny-carryover-dflash'\\]"):
+        demo.resolve_drafter("./missing-folder")

@@ -1,0 +1,52 @@
+"""The drafters committed under drafters/ are complete Hub repos: they load by repo id from a local Hub cache."""
+
+from __future__ import annotations
+
+import json
+
+import huggingface_hub.constants
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from transformers import AutoModel
+
+from carryover_hf import CarryoverDrafterModel
+from carryover_hf.demo import DEFAULT_DRAFTER, SHIPPED_DRAFTERS, resolve_drafter
+from carryover_hf.targets import TARGET_ALIASES
+
+SHIPPED = {
+    "carryover-hf/smollm2-135m-baseline-dflash": False,  # repo id -> trained with the draft-verify-draft objective
+    "carryover-hf/smollm2-135m-continued-dflash": False,
+    "carryover-hf/smollm2-135m-carryover-dflash": True,
+}
+
+
+def test_the_three_smollm2_drafters_are_shipped_and_the_demo_default_is_one_of_them():
+    found = {f"{p.parent.name}/{p.name}" for p in SHIPPED_DRAFTERS.glob("*/*") if (p / "config.json").is_file()}
+    assert set(SHIPPED) <= found
+    assert SHIPPED.get(DEFAULT_DRAFTER)
+
+
+@pytest.mark.parametrize("repo_id", sorted(SHIPPED))
+def test_shipped_drafter_loads_by_repo_id_offline(repo_id, tmp_path, monkeypatch):
+    folder = SHIPPED_DRAFTERS / repo_id
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "carryover_drafter"
+    assert config["target_name_or_path"] == TARGET_ALIASES["smollm2-135m"]
+    assert config["trained_with_carryover"] is SHIPPED[repo_id]
+    assert config["use_carryover"] is SHIPPED[repo_id]  # DFlash-trained drafters draft as plain DFlash by default
+    assert (folder / "model.safetensors").stat().st_size < 20 * 2**20  # bf16, small enough to commit
+
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert f'AutoModel.from_pretrained("{repo_id}"' in card.text
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    source, options = resolve_drafter(repo_id)
+    drafter = AutoModel.from_pretrained(source, **options)
+    assert isinstance(drafter, CarryoverDrafterModel) and drafter.dtype == torch.bfloat16
+    assert drafter.config.trained_with_carryover is SHIPPED[repo_id]
+    # Trained, not freshly initialised: E_carry moved away from zero exactly when the carryover objective ran.
+    assert bool(drafter.carry_embedding.abs().sum() > 0) is SHIPPED[repo_id]
