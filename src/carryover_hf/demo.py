@@ -98,7 +98,8 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
 
         source, options = resolve_drafter(args.drafter)
         drafter = load_drafter(source, target, **options)
-    target.eval(), drafter.eval()
+    target.eval()
+    drafter.eval()
     settings = BenchmarkSettings(max_new_tokens=args.max_new_tokens, warmup=0, overhead=False)
     alone, assisted = Method("target", "target"), Method("drafter", "carry_on", assistant=drafter, use_carryover=True)
     encoded = [encode_prompt(p, tokenizer) for p in prompts]
