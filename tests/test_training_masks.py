@@ -8,7 +8,13 @@ import torch
 from carryover_hf.training.collator import CarryoverDataCollator, sample_anchors, valid_anchor_positions
 from carryover_hf.training.data import check_training_dataset
 from carryover_hf.training.losses import block_labels, default_gamma, draft_losses, position_weights
-from carryover_hf.training.masks import PackedBlocks, block_sparse_mask, to_backend_mask
+from carryover_hf.training.masks import (
+    BlockSparseMask,
+    PackedBlocks,
+    additive_mask,
+    backend_mask,
+    block_sparse_mask,
+)
 
 
 def _packed_with_carry():
@@ -56,9 +62,11 @@ def test_verify_mask_is_causal_inside_blocks_and_sliding_window():
 
 
 def test_backend_masks():
-    mask = block_sparse_mask(PackedBlocks(torch.tensor([[1, 3]]), 2, 5))
-    assert to_backend_mask(mask, "sdpa", torch.float32).dtype == torch.bool
-    additive = to_backend_mask(mask, "eager", torch.float32)
+    packed = PackedBlocks(torch.tensor([[1, 3]]), 2, 5)
+    mask = block_sparse_mask(packed)
+    sdpa = backend_mask(packed, "sdpa", torch.float32)
+    assert sdpa.dtype == torch.bool and torch.equal(sdpa, mask)
+    additive = backend_mask(packed, "eager", torch.float32)
     assert torch.equal(additive == 0, mask)
     assert (additive[~mask] == torch.finfo(torch.float32).min).all()
 
@@ -158,7 +166,7 @@ def test_flex_block_mask_matches_the_dense_mask():
 
     packed = _packed_with_carry()
     mask = block_sparse_mask(packed)
-    block_mask = to_backend_mask(mask, "flex_attention", torch.float32)
+    block_mask = backend_mask(packed, "flex_attention", torch.float32)
     generator = torch.Generator().manual_seed(0)
     query = torch.randn(2, 2, mask.shape[-2], 8, generator=generator)
     key, value = (torch.randn(2, 2, mask.shape[-1], 8, generator=generator) for _ in range(2))
@@ -167,3 +175,164 @@ def test_flex_block_mask_matches_the_dense_mask():
         flex = flex_attention(query, key, value, block_mask=block_mask)
     sdpa = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
     torch.testing.assert_close(flex, sdpa, atol=1e-5, rtol=1e-5)
+
+
+def _random_packing(generator, batch=2, num_blocks=4, size=4, length=14, num_carry=7):
+    """Blocks at random anchors; carry rows with random owners, positions and validity (some invalid)."""
+    anchors = torch.randint(0, length - size + 1, (batch, num_blocks), generator=generator)
+    if not num_carry:
+        return PackedBlocks(anchors, size, length)
+    owner = torch.randint(0, num_blocks, (batch, num_carry), generator=generator)
+    valid = torch.rand(batch, num_carry, generator=generator) > 0.3
+    valid[:, 0] = False  # at least one invalid carry row
+    positions = torch.gather(anchors, 1, owner) + torch.randint(1, size, (batch, num_carry), generator=generator)
+    return PackedBlocks(anchors, size, length, owner, valid, positions)
+
+
+def _reference_mask(packed, causal, window):
+    """The rules of the module docstring, entry by entry."""
+    T, R, B = packed.context_length, packed.num_carry, packed.block_size
+    mask = torch.zeros(packed.anchors.shape[0], packed.num_block_rows, packed.num_keys, dtype=torch.bool)
+    for b in range(mask.shape[0]):
+        for q in range(packed.num_block_rows):
+            block, anchor = q // B, int(packed.anchors[b, q // B])
+            q_pos = anchor + q % B
+            for k in range(packed.num_keys):
+                if k < T:
+                    seen, k_pos = k < anchor, k
+                elif k < T + R:
+                    r = k - T
+                    seen = int(packed.carry_owner[b, r]) == block and bool(packed.carry_valid[b, r])
+                    k_pos = int(packed.carry_positions[b, r])
+                else:
+                    j = k - T - R
+                    seen = j // B == block and (not causal or j <= q)
+                    k_pos = int(packed.anchors[b, j // B]) + j % B
+                mask[b, q, k] = seen and (window is None or k_pos > q_pos - window)
+    return mask[:, None]
+
+
+def _flex_visibility(block_mask, shape):
+    """Which keys each query sees under `block_mask`, read entry by entry from uncompiled flex attention.
+
+    Equal scores and one-hot values make query q's output row the uniform distribution over the keys it sees.
+    """
+    import warnings
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    batch, _, num_q, num_k = shape
+    query = torch.zeros(batch, 1, num_q, num_k)
+    key = torch.zeros(batch, 1, num_k, num_k)
+    value = torch.eye(num_k).expand(batch, 1, -1, -1).contiguous()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return flex_attention(query, key, value, block_mask=block_mask) > 0
+
+
+CASES = [
+    pytest.param(dict(), False, None, id="dflash"),
+    pytest.param(dict(), True, None, id="verify"),
+    pytest.param(dict(), True, 3, id="verify-window"),
+    pytest.param(dict(num_carry=0), True, 5, id="verify-window-no-carry"),
+    pytest.param(dict(num_carry=0), False, None, id="dflash-no-carry"),
+    pytest.param(dict(num_carry=10, size=5), False, 4, id="carry-window"),
+]
+
+
+@pytest.mark.parametrize("shape, causal, window", CASES)
+def test_derived_forms_agree_entry_by_entry(shape, causal, window):
+    """Dense boolean (sdpa), additive (eager) and flex `BlockMask` forms of one description agree with each other and
+    with the rules written out entry by entry, on random packings with valid and invalid carry rows."""
+    generator = torch.Generator().manual_seed(11)
+    for _ in range(3):
+        packed = _random_packing(generator, **shape)
+        description = BlockSparseMask(packed, causal=causal, sliding_window=window)
+        dense = description.dense()
+        assert dense.shape == description.shape and dense.dtype == torch.bool
+        assert torch.equal(dense, _reference_mask(packed, causal, window))
+        assert torch.equal(backend_mask(packed, "sdpa", torch.float32, causal, window), dense)
+        for dtype in (torch.float32, torch.bfloat16):
+            additive = backend_mask(packed, "eager", dtype, causal, window)
+            assert additive.dtype == dtype and torch.equal(additive == 0, dense)
+            assert (additive[~dense] == torch.finfo(dtype).min).all()
+        block_mask = backend_mask(packed, "flex_attention", torch.float32, causal, window)
+        assert torch.equal(_flex_visibility(block_mask, description.shape), dense)
+
+
+def test_flex_block_mask_skips_tiles_on_a_long_packing():
+    """At a size with several 128-row tiles, the `BlockMask` skips empty tiles, takes full ones whole, and still
+    encodes the dense mask entry by entry."""
+    generator = torch.Generator().manual_seed(3)
+    size, num_blocks, length = 16, 16, 320
+    anchors = torch.sort(torch.randint(0, length - size + 1, (1, num_blocks), generator=generator)).values
+    anchors[0, -1] = length - size  # the last blocks see the whole context: full context tiles
+    packed = PackedBlocks(anchors, size, length)
+    for causal, window in ((False, None), (True, None), (True, 100)):
+        description = BlockSparseMask(packed, causal=causal, sliding_window=window)
+        block_mask = description.block_mask()
+        tiles = block_mask.to_dense()
+        assert not tiles.all()  # some tiles are skipped
+        if window is None:
+            assert block_mask.full_kv_num_blocks.sum() > 0  # some are full: no predicate evaluated there
+        assert torch.equal(_flex_visibility(block_mask, description.shape), description.dense())
+
+
+@pytest.mark.parametrize("shape, causal, window", CASES)
+def test_mask_mod_pointwise_equals_dense(shape, causal, window):
+    """The predicate evaluated on one (b, h, q_idx, kv_idx) at a time, as flex attention does, gives the dense mask;
+    so does flex attention's own vmap over it."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    packed = _random_packing(torch.Generator().manual_seed(5), **shape)
+    description = BlockSparseMask(packed, causal=causal, sliding_window=window)
+    dense = description.dense()
+    mask_mod = description.mask_mod
+    batch, _, num_q, num_k = description.shape
+    pointwise = torch.zeros_like(dense)
+    for b in range(batch):
+        for q in range(num_q):
+            for k in range(num_k):
+                value = mask_mod(torch.tensor(b), torch.tensor(0), torch.tensor(q), torch.tensor(k))
+                assert value.shape == () and value.dtype == torch.bool
+                pointwise[b, 0, q, k] = value
+    assert torch.equal(pointwise, dense)
+    assert torch.equal(create_mask(mask_mod, batch, None, num_q, num_k, device="cpu"), dense)
+
+
+def test_sliding_window_over_carry_rows_needs_their_positions():
+    packed = _random_packing(torch.Generator().manual_seed(0))
+    packed.carry_positions = None
+    block_sparse_mask(packed)  # without a window positions are not needed
+    with pytest.raises(ValueError, match="carry_positions"):
+        block_sparse_mask(packed, sliding_window=3)
+
+
+def test_eager_drafter_takes_the_boolean_mask_as_the_additive_one():
+    """`CarryoverDrafterModel.forward` turns a boolean mask into the additive one for eager attention (through the
+    same `additive_mask`), so eager with either form and sdpa with the boolean form agree."""
+    from carryover_hf.testing import tiny_drafter, tiny_target
+
+    target = tiny_target()
+    packed = _random_packing(torch.Generator().manual_seed(2), batch=1, num_blocks=3, size=4, length=10, num_carry=5)
+    generator = torch.Generator().manual_seed(0)
+    width = target.config.hidden_size
+    sdpa = tiny_drafter(target, block_size=4)
+    eager = tiny_drafter(target, block_size=4, attn_implementation="eager")
+    width_in = sdpa.fc.weight.shape[1]
+    inputs = dict(
+        block_embeds=torch.randn(1, packed.num_block_rows, width, generator=generator),
+        block_position_ids=packed.block_position_ids(),
+        context_features=torch.randn(1, packed.context_length, width_in, generator=generator),
+        context_position_ids=torch.arange(packed.context_length)[None],
+        carry_features=torch.randn(1, packed.num_carry, width_in, generator=generator),
+        carry_position_ids=packed.carry_positions,
+    )
+    mask = block_sparse_mask(packed)
+    with torch.no_grad():
+        reference = sdpa(**inputs, attention_mask=mask).last_hidden_state
+        from_bool = eager(**inputs, attention_mask=mask).last_hidden_state
+        from_additive = eager(**inputs, attention_mask=additive_mask(mask, torch.float32)).last_hidden_state
+        derived = eager(**inputs, attention_mask=backend_mask(packed, "eager", torch.float32)).last_hidden_state
+    assert torch.equal(from_bool, from_additive) and torch.equal(from_additive, derived)
+    torch.testing.assert_close(from_bool, reference, atol=1e-5, rtol=1e-5)

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
 from ..features import gather_target_features, hidden_state_indices
-from .masks import PackedBlocks, block_sparse_mask, to_backend_mask
+from .masks import PackedBlocks, backend_mask
 
 SUPPORTED_ATTENTION = ("sdpa", "eager", "flex_attention")
 
@@ -83,7 +83,7 @@ def verify_attention_mask(target: PreTrainedModel, packed: PackedBlocks, dtype: 
     text = target.config.get_text_config()
     window = getattr(text, "sliding_window", None)
     layer_types = getattr(text, "layer_types", None)
-    full = to_backend_mask(block_sparse_mask(packed, causal=True), implementation, dtype)
+    full = backend_mask(packed, implementation, dtype, causal=True)
     if layer_types is not None:
         unknown = set(layer_types) - {"full_attention", "sliding_attention"}
         if unknown:
@@ -93,10 +93,10 @@ def verify_attention_mask(target: PreTrainedModel, packed: PackedBlocks, dtype: 
             )
         if "sliding_attention" not in layer_types:
             return full
-        sliding = to_backend_mask(block_sparse_mask(packed, causal=True, sliding_window=window), implementation, dtype)
+        sliding = backend_mask(packed, implementation, dtype, causal=True, sliding_window=window)
         return {"full_attention": full, "sliding_attention": sliding}
     if window is not None:  # Mistral-style: every layer slides
-        return to_backend_mask(block_sparse_mask(packed, causal=True, sliding_window=window), implementation, dtype)
+        return backend_mask(packed, implementation, dtype, causal=True, sliding_window=window)
     return full
 
 
