@@ -366,6 +366,14 @@ def test_export_refuses_the_last_target_layer(target, tmp_path):
         export_speculators(drafter, tmp_path / "spec")
 
 
+def test_export_refuses_a_reduced_draft_vocabulary(target, tmp_path):
+    drafter = tiny_drafter(target, num_hidden_layers=1, block_size=BLOCK, target_layer_ids=[1])
+    drafter.set_draft_vocabulary([0, 1, 2, 5])
+    with pytest.raises(CheckpointError, match="reduced vocabulary.*d2t/t2d"):
+        export_speculators(drafter, tmp_path / "spec")
+    assert not (tmp_path / "spec").exists()
+
+
 def test_convert_command(muse, target_dir, tmp_path, capsys):
     _, folder = muse
     assert convert_main([str(folder), str(tmp_path / "out"), "--target", str(target_dir)]) == 0

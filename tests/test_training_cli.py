@@ -137,3 +137,34 @@ def test_two_process_cpu_run_matches_one_process(assets, tmp_path):
     for name in one_weights:
         torch.testing.assert_close(two_weights[name], one_weights[name], atol=1e-6, rtol=1e-5)
     assert AutoModel.from_pretrained(two).config.trained_with_carryover
+
+
+def test_features_then_train_from_them_with_a_draft_vocabulary(assets, tmp_path, capsys):
+    """`carryover-hf features` -> `carryover-hf train --features --draft_vocab_size` -> a drafter that records its
+    vocabulary and coverage; a store for other layer ids is refused before training."""
+    store = tmp_path / "features"
+    common = ["--target", str(assets / "target"), "--dataset", str(assets / "data"), "--output", str(store)]
+    assert carryover_main(["features", *common, "--target_layer_ids", "0", "1", "--shard_rows", "3", "--top_k", "4"]) == 0
+    assert json.loads((store / "features.json").read_text())["complete"]
+    out = tmp_path / "run"
+    args = [a for a in _common(assets, out) if a != str(assets / "data")]
+    args.remove("--dataset")
+    args += ["--features", str(store), "--objective", "dflash", "--max_steps", "2", "--save_strategy", "no",
+             "--draft_vocab_size", "24", "--distillation", "kl", "--init_from_target", "true"]  # fmt: skip
+    assert carryover_main(["train", *args]) == 0
+    drafter = AutoModel.from_pretrained(out)
+    assert drafter.config.target_layer_ids == [0, 1]  # taken from the store
+    assert drafter.config.draft_vocab_size == 24 and drafter.draft_token_ids.shape == (24,)
+    record = json.loads((out / "draft_vocabulary.json").read_text())
+    assert 0.0 < record["coverage_held_out"] <= 1.0 and record["draft_vocab_size"] == 24
+
+    other = _common(assets, tmp_path / "other") + ["--features", str(store), "--target_layer_ids", "1", "--max_steps", "1"]
+    with pytest.raises(ValueError, match="stores target layers"):
+        carryover_main(["train", *other])
+    other_rows = tmp_path / "other_rows"
+    regenerate_random_prompts(tiny_target("llama", seed=0), num_rows=8, prompt_length=5, response_length=20,
+                              seed=9).save_to_disk(other_rows)  # fmt: skip
+    mismatched = _common(assets, tmp_path / "mismatch") + ["--features", str(store), "--max_steps", "1"]
+    mismatched[mismatched.index("--dataset") + 1] = str(other_rows)
+    with pytest.raises(ValueError, match="other data"):
+        carryover_main(["train", *mismatched])

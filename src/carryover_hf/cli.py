@@ -8,6 +8,7 @@ import sys
 # subcommand -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("carryover_hf.demo", "the shipped SmolLM2-135M drafter against the target alone: speedup and acceptance"),
+    "features": ("carryover_hf.training.feature_store", "run the target once per training row and store its features"),
     "train": ("carryover_hf.training.cli", "train or fine-tune a drafter (DFlash or draft-verify-draft objective)"),
     "prompts": ("carryover_hf.data.cli", "build the offline prompt suites (`prompts build`)"),
     "regenerate": ("carryover_hf.data.regenerate", "record target responses to prompts as a training dataset"),

@@ -50,7 +50,16 @@ class CarryoverDrafterConfig(PreTrainedConfig):
         use_carryover (`bool`): expose the previous round's rejected target states to the next proposal.
             `False` gives plain DFlash behaviour with the same weights.
         trained_with_carryover (`bool`): whether the weights were trained with the draft-verify-draft objective.
+        draft_confidence_threshold (`float`, *optional*): adaptive proposal length: a proposal ends at the first
+            row whose most likely token has drafter probability below this value (under the distribution the row's
+            draft is drawn from; in greedy decoding that token is the draft); zero drafts make a plain target step.
+            Lossless either way (verification is unchanged). `None` (default) always proposes `block_size - 1`
+            drafts. Overridable per `generate` call (see docs/generate.md).
         vocab_size (`int`): vocabulary size of the target (the drafter shares its embedding and LM head).
+        draft_vocab_size (`int`, *optional*): size of a reduced draft vocabulary (EAGLE-3 / speculators style): the
+            LM head runs over these target token ids only (`drafter.draft_token_ids`, set with
+            `drafter.set_draft_vocabulary(ids)`), and tokens outside it are never proposed (lossless all the same:
+            they get probability 0 in the returned candidate distributions). `None` (default): the full vocabulary.
     """
 
     model_type = "carryover_drafter"
@@ -63,6 +72,7 @@ class CarryoverDrafterConfig(PreTrainedConfig):
     target_num_hidden_layers: int = 36
     target_layer_ids: list[int] | None = None
     vocab_size: int = 151936
+    draft_vocab_size: int | None = None
 
     # Drafting
     block_size: int = 16
@@ -71,6 +81,7 @@ class CarryoverDrafterConfig(PreTrainedConfig):
     markov_rank: int = 256
     use_carryover: bool = True
     trained_with_carryover: bool = False
+    draft_confidence_threshold: float | int | None = None
 
     # Qwen3-style layer hyperparameters
     hidden_size: int = 2560
@@ -118,8 +129,17 @@ class CarryoverDrafterConfig(PreTrainedConfig):
                 f"hidden_size ({self.hidden_size}) must equal target_hidden_size ({self.target_hidden_size}): the "
                 "drafter uses the target's input embedding and LM head."
             )
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}] or None (full vocabulary), got "
+                f"{self.draft_vocab_size}."
+            )
         if self.markov_rank < 1:
             raise ValueError(f"markov_rank must be positive, got {self.markov_rank}.")
+        if self.draft_confidence_threshold is not None and not 0.0 <= self.draft_confidence_threshold <= 1.0:
+            raise ValueError(
+                f"draft_confidence_threshold must lie in [0, 1] or be None (off), got {self.draft_confidence_threshold}."
+            )
 
     @property
     def num_target_features(self) -> int:

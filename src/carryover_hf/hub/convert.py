@@ -341,6 +341,13 @@ def export_speculators(
     rope_type = (config.rope_parameters or {}).get("rope_type")
     if rope_type != "default":
         raise CheckpointError(f"Only the default RoPE exports to speculators; this drafter uses {rope_type!r}.")
+    if config.draft_vocab_size is not None:
+        raise CheckpointError(
+            f"This drafter drafts over a reduced vocabulary ({config.draft_vocab_size} of {config.vocab_size} ids) "
+            "through the target's LM head rows; a reduced-vocabulary speculators checkpoint instead carries its own "
+            "lm_head of draft_vocab_size rows with d2t/t2d maps, which this export does not write. Export a "
+            "full-vocabulary drafter (draft_vocab_size=None)."
+        )
 
     report = ConversionReport(name, "carryover", "speculators", str(out))
     tensors = {}

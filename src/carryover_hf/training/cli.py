@@ -69,6 +69,22 @@ class ModelArguments:
         default=None,
         metadata={"help": "Modules to adapt (default: attention and MLP projections; add fc for fusion)."},
     )
+    draft_vocab_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "New drafter: a reduced draft vocabulary of this many ids, built from the training set's response "
+            "tokens (most frequent first, then the lowest ids); its held-out coverage is printed and saved to "
+            "output_dir/draft_vocabulary.json. Default: the full vocabulary."
+        },
+    )
+    init_from_target: bool = field(
+        default=False,
+        metadata={"help": "New drafter: start its final norm from the target's (see --init_target_layer)."},
+    )
+    init_target_layer: int | None = field(
+        default=None,
+        metadata={"help": "New drafter: also copy target layers L, L+1, ... into its layers (shapes must match)."},
+    )
     lora_merge: bool = field(
         default=False,
         metadata={"help": "Save merged weights to output_dir (adapter to output_dir/adapter) instead of the adapter."},
@@ -82,25 +98,40 @@ class DataArguments:
     dataset: str = field(
         default=None,
         metadata={
-            "help": "Training data: a `carryover-hf regenerate` output folder, a `save_to_disk` folder, or a "
-            ".jsonl/.json/.parquet file."
+            "help": "Training data: a `carryover-hf regenerate` output folder (or several, comma-separated: their "
+            "finished chunks, run after run), a `save_to_disk` folder, or a .jsonl/.json/.parquet file."
         },
     )
-    eval_dataset: str | None = field(default=None, metadata={"help": "Evaluation data, same formats."})
+    features: str | None = field(
+        default=None,
+        metadata={
+            "help": "Offline target features (`carryover-hf features` output): rows and the target's states come from "
+            "the store, and the dflash objective runs no target forward. --dataset is then optional (checked against "
+            "the store when given)."
+        },
+    )
+    eval_dataset: str | None = field(
+        default=None, metadata={"help": "Evaluation data, same formats (several run folders: comma-separated)."}
+    )
+    eval_features: str | None = field(default=None, metadata={"help": "Evaluation rows as a feature store."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training rows."})
 
 
 def load_rows(path: str, name: str = "dataset"):
-    """A `datasets.Dataset` from a regeneration run folder, a `save_to_disk` folder or a json/jsonl/parquet file.
+    """A `datasets.Dataset` from regeneration run folders (one, or several comma-separated), a `save_to_disk` folder
+    or a json/jsonl/parquet file.
 
-    A regeneration run still in progress gives its finished chunks in run order, so `--max_train_samples N` pins a
-    run to the same first N rows while generation goes on."""
+    A regeneration run still in progress gives its finished chunks in run order (several runs: one after the other),
+    so `--max_train_samples N` pins a run to the same first N rows while generation goes on. Run chunks are
+    memory-mapped, not loaded into memory."""
     import datasets
 
     from ..data.regenerate import STATE_FILE, load_regenerated
 
     if path is None:
         raise ValueError(f"--{name} is required: the recorded target responses to train on.")
+    if "," in path:
+        return load_regenerated(path)  # several run folders (other formats are single paths)
     if os.path.isfile(os.path.join(path, STATE_FILE)):
         return load_regenerated(path)
     if os.path.isdir(path):
@@ -121,7 +152,36 @@ def load_rows(path: str, name: str = "dataset"):
     return datasets.load_dataset(builders[extension], data_files=path, split="train")
 
 
-def _build_drafter(model_args: ModelArguments, target):
+def _draft_vocabulary(model_args: ModelArguments, drafter, train_rows, eval_rows, output_dir: str) -> None:
+    """Build the reduced draft vocabulary of a new drafter, print and record its coverage."""
+    import json
+
+    from .vocabulary import build_draft_vocabulary
+
+    if eval_rows is not None:
+        held_in, held_out, held_out_name = train_rows, eval_rows, "the evaluation rows"
+    else:  # no evaluation set: hold out the last 5 % of the training rows for the coverage figure only
+        split = max(1, len(train_rows) - max(1, len(train_rows) // 20))
+        held_in = _first_rows(train_rows, split)
+        held_out = [train_rows[i] for i in range(split, len(train_rows))]
+        held_out_name = f"the last {len(held_out)} training rows (held out from the vocabulary)"
+    ids, record = build_draft_vocabulary(held_in, held_out, drafter.config.vocab_size, model_args.draft_vocab_size)
+    record["held_out"] = held_out_name
+    drafter.set_draft_vocabulary(ids)
+    logger.warning(
+        f"Draft vocabulary: {len(ids)} ids cover {record['coverage_held_out']:.2%} of the response tokens of "
+        f"{held_out_name} ({record['coverage_training']:.2%} of the training rows it was built from)."
+    )
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, "draft_vocabulary.json"), "w") as handle:
+        json.dump(record, handle, indent=2)
+
+
+def _first_rows(rows, count: int):
+    return rows.head(count) if hasattr(rows, "head") and not hasattr(rows, "select") else rows.select(range(count))
+
+
+def _build_drafter(model_args: ModelArguments, target, default_layer_ids: list[int] | None = None, prepare=None):
     from ..configuration_carryover import CarryoverDrafterConfig
     from ..modeling_carryover import CarryoverDrafterModel
 
@@ -136,12 +196,18 @@ def _build_drafter(model_args: ModelArguments, target):
             num_hidden_layers=model_args.drafter_layers,
             block_size=model_args.block_size,
             drafter_type=model_args.drafter_type,
-            target_layer_ids=model_args.target_layer_ids,
+            target_layer_ids=model_args.target_layer_ids or default_layer_ids,
             **overrides,
         )
         config.target_name_or_path = target.config._name_or_path or model_args.target
         config._attn_implementation = model_args.drafter_attn_implementation
         drafter = CarryoverDrafterModel(config)
+        if model_args.init_from_target or model_args.init_target_layer is not None:
+            from .initialization import initialize_from_target
+
+            initialize_from_target(drafter, target, model_args.init_from_target, model_args.init_target_layer)
+        if prepare is not None:
+            prepare(drafter)
     if model_args.use_lora:
         from .lora import apply_lora
 
@@ -149,6 +215,13 @@ def _build_drafter(model_args: ModelArguments, target):
             drafter, model_args.lora_r, model_args.lora_alpha, model_args.lora_dropout, model_args.lora_target_modules
         )
     return drafter
+
+
+def _layer_config(store):
+    """A stand-in config carrying the store's own layer ids (for checks that concern only the data)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(target_layer_ids=store.target_layer_ids)
 
 
 def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, CarryoverTrainingArguments]:
@@ -165,15 +238,26 @@ def main(argv: list[str] | None = None) -> int:
     model_args, data_args, training_args = parse_args(argv)
 
     # Cheap checks first: the data, then the checkpoint to resume, then the models.
-    train_rows = load_rows(data_args.dataset, "dataset")
+    from .feature_store import FeatureStore
+
+    if model_args.drafter and (model_args.draft_vocab_size or model_args.init_target_layer is not None):
+        raise ValueError("--draft_vocab_size and --init_target_layer apply to new drafters; drop them with --drafter.")
+    store = FeatureStore(data_args.features) if data_args.features else None
+    source = data_args.features or data_args.dataset
+    train_rows = store if store is not None else load_rows(data_args.dataset, "dataset")
     if data_args.max_train_samples is not None:
         if data_args.max_train_samples > len(train_rows):
             raise ValueError(
-                f"--max_train_samples {data_args.max_train_samples}: {data_args.dataset} has only {len(train_rows)} "
+                f"--max_train_samples {data_args.max_train_samples}: {source} has only {len(train_rows)} "
                 "rows. Lower it, or wait for more regenerated chunks."
             )
-        train_rows = train_rows.select(range(data_args.max_train_samples))
-    eval_rows = load_rows(data_args.eval_dataset, "eval_dataset") if data_args.eval_dataset else None
+        train_rows = _first_rows(train_rows, data_args.max_train_samples)
+    if store is not None and data_args.dataset:
+        store.check_compatible(_layer_config(store), dataset=load_rows(data_args.dataset, "dataset"))
+    if data_args.eval_features:
+        eval_rows = FeatureStore(data_args.eval_features)
+    else:
+        eval_rows = load_rows(data_args.eval_dataset, "eval_dataset") if data_args.eval_dataset else None
     resume = training_args.resume_from_checkpoint
     if resume in ("last", "latest", "true", "True"):
         resume = get_last_checkpoint(training_args.output_dir) if os.path.isdir(training_args.output_dir) else None
@@ -191,7 +275,13 @@ def main(argv: list[str] | None = None) -> int:
         model_args.target, dtype=model_args.target_dtype, attn_implementation=model_args.target_attn_implementation
     )
     set_seed(training_args.seed)  # a new drafter starts from the same weights in every process and every rerun
-    drafter = _build_drafter(model_args, target)
+    def new_drafter_vocabulary(drafter):
+        if model_args.draft_vocab_size:
+            _draft_vocabulary(model_args, drafter, train_rows, eval_rows, training_args.output_dir)
+
+    drafter = _build_drafter(
+        model_args, target, store.target_layer_ids if store is not None else None, new_drafter_vocabulary
+    )
     trainer = CarryoverTrainer(
         model=drafter,
         target_model=target,

@@ -41,7 +41,8 @@ class CarryoverDataCollator:
 
     Returns a batch with `input_ids`, `attention_mask`, `loss_mask` of shape `(batch, T)`, and `anchors` /
     `anchor_mask` of shape `(batch, A)` where `A` is the largest anchor count in the batch (at most `num_anchors`);
-    unused anchor slots have `anchor_mask = False`. Rows are never truncated.
+    unused anchor slots have `anchor_mask = False`. Rows are never truncated. Rows of a `FeatureStore` also carry
+    `target_features` `(T, k*H)` (and top-k log-probabilities), padded to `(batch, T, ...)`.
 
     Args:
         num_anchors: anchors per sequence (DFlash uses 512; a few dozen suit CPU runs).
@@ -89,6 +90,11 @@ class CarryoverDataCollator:
             "anchors": torch.zeros((len(rows), num_slots), dtype=torch.long),
             "anchor_mask": torch.zeros((len(rows), num_slots), dtype=torch.bool),
         }
+        # Offline target features (a `FeatureStore`): padded like the tokens; padded rows are never read.
+        for key in _STORED_TARGET_KEYS:
+            if key in rows[0]:
+                first = torch.as_tensor(rows[0][key])
+                batch[key] = torch.zeros((len(rows), length, *first.shape[1:]), dtype=first.dtype)
         for i, (row, row_anchors) in enumerate(zip(rows, anchors)):
             n = len(row["input_ids"])
             batch["input_ids"][i, :n] = torch.as_tensor(row["input_ids"], dtype=torch.long)
@@ -96,7 +102,13 @@ class CarryoverDataCollator:
             batch["loss_mask"][i, :n] = torch.as_tensor(row["loss_mask"], dtype=torch.long)
             batch["anchors"][i, : len(row_anchors)] = torch.as_tensor(row_anchors, dtype=torch.long)
             batch["anchor_mask"][i, : len(row_anchors)] = True
+            for key in _STORED_TARGET_KEYS:
+                if key in batch:
+                    batch[key][i, :n] = torch.as_tensor(row[key])
         return batch
+
+
+_STORED_TARGET_KEYS = ("target_features", "target_topk_ids", "target_topk_logprobs")
 
 
 __all__ = ["CarryoverDataCollator", "sample_anchors", "valid_anchor_positions"]

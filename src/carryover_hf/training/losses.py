@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 DISTILLATION_KINDS = ("kl", "tv")
 # DFlash's published decay per block size (gamma 7 for B = 16); other sizes scale with the block.
@@ -57,9 +60,10 @@ def draft_losses(
     distillation: str | None = None,
     distillation_weight: float = 0.0,
 ) -> torch.Tensor:
-    """Per-row loss `(b, A, B-1)`: `(1 - λ) CE + λ D` with D the KL or total variation to the target's distribution.
+    """Per-row loss `(..., )` of `(..., V)` logits: `(1 - λ) CE + λ D`, D the KL or total variation to the target.
 
-    KL is `KL(p_target || q_drafter)`; total variation is `½ Σ |p_target - q_drafter|`.
+    KL is `KL(p_target || q_drafter)`; total variation is `½ Σ |p_target - q_drafter|`. This is the dense reference
+    form; training computes the same through `head_row_losses`, chunk by chunk.
     """
     log_q = F.log_softmax(logits.float(), dim=-1)
     ce = -torch.gather(log_q, -1, labels[..., None]).squeeze(-1)
@@ -67,34 +71,156 @@ def draft_losses(
         return ce
     if target_logits is None:
         raise ValueError("Distillation needs the target's logits at the block positions.")
-    log_p = F.log_softmax(target_logits.float(), dim=-1)
-    if distillation == "kl":
-        divergence = (log_p.exp() * (log_p - log_q)).sum(-1)
-    elif distillation == "tv":
-        divergence = 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
-    else:
-        raise ValueError(f"distillation must be one of {DISTILLATION_KINDS} or None, got {distillation!r}.")
+    divergence = _divergence(log_q, DenseTeacherChunk(F.log_softmax(target_logits.float(), dim=-1)), distillation)
     return (1.0 - distillation_weight) * ce + distillation_weight * divergence
+
+
+@dataclass
+class DenseTeacherChunk:
+    """The target's log-probabilities over the (draft) vocabulary, `(n, V)`."""
+
+    log_probs: torch.Tensor
+
+
+@dataclass
+class SparseTeacherChunk:
+    """The target's top-k, `(n, K)`: draft-vocabulary indices and log-probabilities renormalised over the entries
+    that lie in the draft vocabulary (`-inf` for the others)."""
+
+    indices: torch.LongTensor
+    log_probs: torch.Tensor
+
+
+def _divergence(log_q: torch.Tensor, teacher, kind: str) -> torch.Tensor:
+    if kind not in DISTILLATION_KINDS:
+        raise ValueError(f"distillation must be one of {DISTILLATION_KINDS} or None, got {kind!r}.")
+    if isinstance(teacher, DenseTeacherChunk):
+        log_p = teacher.log_probs
+        if kind == "kl":
+            return torch.where(log_p > float("-inf"), log_p.exp() * (log_p - log_q), 0.0).sum(-1)
+        return 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
+    # Sparse teacher: p is zero outside its top-k entries.
+    p = teacher.log_probs.exp()
+    log_q_k = torch.gather(log_q, -1, teacher.indices)
+    present = p > 0
+    if kind == "kl":
+        return torch.where(present, p * (teacher.log_probs - log_q_k), 0.0).sum(-1)
+    q_k = torch.where(present, log_q_k.exp(), 0.0)
+    return 0.5 * ((p - q_k).abs().sum(-1) + (1.0 - q_k.sum(-1)).clamp(min=0.0))
+
+
+class DenseTeacher:
+    """Teacher from the target's final-norm states `(N, H)` at the trained rows: logits through the target's head
+    are computed a chunk at a time, restricted to the draft vocabulary and renormalised there."""
+
+    def __init__(self, states: torch.Tensor, logits_fn, draft_token_ids: torch.LongTensor | None):
+        self.states, self.logits_fn, self.draft_token_ids = states, logits_fn, draft_token_ids
+
+    def chunk(self, start: int, end: int) -> DenseTeacherChunk:
+        with torch.no_grad():
+            logits = self.logits_fn(self.states[start:end])
+            if self.draft_token_ids is not None:
+                logits = logits.index_select(-1, self.draft_token_ids)
+            return DenseTeacherChunk(F.log_softmax(logits.float(), dim=-1))
+
+
+class TopKTeacher:
+    """Teacher from stored top-k next-token log-probabilities `(N, K)` (target ids), restricted to the draft
+    vocabulary and renormalised over what remains (rows whose top-k lies wholly outside it get no divergence)."""
+
+    def __init__(self, token_ids: torch.LongTensor, log_probs: torch.Tensor, to_draft_indices):
+        self.token_ids, self.log_probs, self.to_draft_indices = token_ids, log_probs, to_draft_indices
+
+    def chunk(self, start: int, end: int) -> SparseTeacherChunk:
+        with torch.no_grad():
+            indices, inside = self.to_draft_indices(self.token_ids[start:end].long())
+            log_p = self.log_probs[start:end].float().masked_fill(~inside, float("-inf"))
+            log_p = log_p - torch.logsumexp(log_p, dim=-1, keepdim=True)
+            return SparseTeacherChunk(indices, torch.nan_to_num(log_p, nan=float("-inf")))
+
+
+def head_row_losses(
+    hidden: torch.Tensor,
+    head,
+    labels: torch.LongTensor,
+    *,
+    transition=None,
+    teacher=None,
+    distillation: str | None = None,
+    distillation_weight: float = 0.0,
+    max_chunk_elements: int = 1 << 25,
+) -> tuple[torch.Tensor, torch.LongTensor]:
+    """Per-row losses `(N,)` and argmax drafts `(N,)` (target ids) of N trained rows, never building the
+    `(N x V)` logits at once.
+
+    Args:
+        hidden (`(N, d)`): drafter states of the rows that count (contiguous).
+        head: the drafter's `DraftHead` (the target's LM head over the draft vocabulary).
+        labels (`(N,)`): target ids; a label outside the draft vocabulary adds no cross-entropy (it cannot be
+            proposed) and is never predicted.
+        transition: optional callable `(start, end) -> (n, V_draft)` Markov logits added to the head's.
+        teacher: `DenseTeacher` / `TopKTeacher` for distillation.
+        max_chunk_elements: rows x vocabulary per chunk. With gradients and more than one chunk, each chunk is
+            recomputed in the backward pass (activation checkpointing), so only one chunk's logits are alive.
+    """
+    label_index, label_inside = head.to_draft_indices(labels)
+    distill = distillation is not None and distillation_weight > 0.0
+    if distill and teacher is None:
+        raise ValueError("Distillation needs the target's distribution at the trained rows.")
+    step = max(1, max_chunk_elements // head.size)
+
+    def rows_loss(h: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = head(h)
+        if transition is not None:
+            logits = logits + transition(start, end)
+        log_q = F.log_softmax(logits, dim=-1)
+        ce = -torch.gather(log_q, -1, label_index[start:end, None]).squeeze(-1) * label_inside[start:end]
+        loss = ce
+        if distill:
+            divergence = _divergence(log_q, teacher.chunk(start, end), distillation)
+            loss = (1.0 - distillation_weight) * ce + distillation_weight * divergence
+        return loss, logits.detach().argmax(-1)
+
+    losses, picks = [], []
+    checkpointed = torch.is_grad_enabled() and hidden.requires_grad and hidden.shape[0] > step
+    for start in range(0, hidden.shape[0], step):
+        end = min(start + step, hidden.shape[0])
+        if checkpointed:
+            loss, pick = torch.utils.checkpoint.checkpoint(rows_loss, hidden[start:end], start, end, use_reentrant=False)
+        else:
+            loss, pick = rows_loss(hidden[start:end], start, end)
+        losses.append(loss)
+        picks.append(pick)
+    if not losses:
+        return hidden.new_zeros(0, dtype=torch.float32), labels.new_zeros(0)
+    return torch.cat(losses), head.to_token_ids(torch.cat(picks))
 
 
 def weighted_block_loss_sum(row_losses: torch.Tensor, valid: torch.BoolTensor, weights: torch.Tensor) -> torch.Tensor:
     """`Σ_blocks Σ_j w_j ℓ_j / Σ_j w_j` over valid rows: each anchor contributes at most its weighted mean loss.
 
-    Dividing this sum by the number of anchors (the same count for one large batch and for its accumulated parts)
-    gives the reported loss, so gradient accumulation and multi-process runs scale exactly like a single batch.
+    `row_losses` holds the losses of the valid rows only, in `valid`'s order (`(N,)` with `N = valid.sum()`), or of
+    every row (`valid`'s shape). Dividing this sum by the number of anchors (the same count for one large batch and
+    for its accumulated parts) gives the reported loss, so gradient accumulation and multi-process runs scale exactly
+    like a single batch.
     """
-    return (row_losses * valid * weights).sum() / weights.sum()
+    row_weights = weights.expand_as(valid)
+    if row_losses.shape == valid.shape:
+        return (row_losses * valid * row_weights).sum() / weights.sum()
+    return (row_losses * row_weights[valid]).sum() / weights.sum()
 
 
 def teacher_forced_metrics(
-    logits: torch.Tensor, labels: torch.LongTensor, valid: torch.BoolTensor, anchor_valid: torch.BoolTensor
+    predictions: torch.Tensor, labels: torch.LongTensor, valid: torch.BoolTensor, anchor_valid: torch.BoolTensor
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Sums and counts of per-position accuracy and teacher-forced acceptance length.
 
+    `predictions` are the drafter's argmax ids `(b, A, B-1)` (or logits `(b, A, B-1, V)`, reduced here).
     Acceptance length under teacher forcing is `1 + (leading rows whose argmax equals the label)`: the bonus token
     plus the drafts a greedy target would accept, given the recorded prefix.
     """
-    predictions = logits.argmax(-1)
+    if predictions.dim() == labels.dim() + 1:
+        predictions = predictions.argmax(-1)
     hits = (predictions == labels) & valid
     metrics = {
         f"acc_pos_{j + 1:02d}": (hits[..., j].sum().float(), valid[..., j].sum().float())
@@ -107,6 +233,9 @@ def teacher_forced_metrics(
 
 __all__ = [
     "DISTILLATION_KINDS",
+    "DenseTeacher",
+    "TopKTeacher",
+    "head_row_losses",
     "block_labels",
     "default_gamma",
     "draft_losses",

@@ -18,17 +18,19 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..features import embed_block_tokens
-from ..modeling_carryover import CarryoverDrafterModel
+from ..modeling_carryover import CarryoverDrafterModel, DraftHead
 from .losses import (
+    DenseTeacher,
+    TopKTeacher,
     block_labels,
-    draft_losses,
+    head_row_losses,
     leading_matches,
     position_weights,
     teacher_forced_metrics,
     weighted_block_loss_sum,
 )
-from .masks import PackedBlocks, block_sparse_mask, to_backend_mask
-from .verification import parallel_verify, target_forward, target_logits
+from .masks import PackedBlocks, backend_mask
+from .verification import TargetStates, parallel_verify, target_forward, target_logits
 
 
 @dataclass
@@ -65,6 +67,11 @@ class DrafterObjective:
         objective: `"dflash"` or `"carryover"`.
         gamma: decay of the position weights.
         distillation / distillation_weight: optional KL or TV term against the target's next-token distribution.
+        max_chunk_elements: rows x vocabulary per chunk of the head's logits (losses never build them all at once).
+
+    A batch that carries `target_features` (offline features, `carryover_hf.training.features`) is trained by the
+    dflash objective without any target forward; stored `target_topk_ids` / `target_topk_logprobs` serve
+    distillation. The carryover objective runs the target for its prefix cache and verification either way.
     """
 
     def __init__(
@@ -74,12 +81,15 @@ class DrafterObjective:
         gamma: float = 7.0,
         distillation: str | None = None,
         distillation_weight: float = 0.0,
+        max_chunk_elements: int = 1 << 25,
     ):
         self.target = target
         self.objective = objective
         self.gamma = gamma
         self.distillation = distillation if distillation_weight > 0 else None
         self.distillation_weight = distillation_weight if distillation else 0.0
+        self.max_chunk_elements = max_chunk_elements
+        self._head = None
 
     # -- drafter passes ----------------------------------------------------------------------------------------
     def run_drafter(
@@ -102,7 +112,7 @@ class DrafterObjective:
         length = context_features.shape[1]
         packed = PackedBlocks(anchors, size, length, carry_owner, carry_valid, carry_positions)
         dtype = drafter.fc.weight.dtype
-        mask = to_backend_mask(block_sparse_mask(packed), drafter.config._attn_implementation, dtype)
+        mask = backend_mask(packed, drafter.config._attn_implementation, dtype)
         output = model(
             block_embeds=embed_block_tokens(self.target.get_input_embeddings(), block_ids.flatten(1)),
             block_position_ids=packed.block_position_ids(),
@@ -114,22 +124,41 @@ class DrafterObjective:
         )
         return output.last_hidden_state.view(batch, num_blocks, size, -1)
 
+    def draft_head(self, drafter: CarryoverDrafterModel) -> DraftHead:
+        """The target's LM head over the drafter's draft vocabulary, gathered once and reused while neither the
+        draft vocabulary nor the head's weight changes."""
+        lm_head = self.target.get_output_embeddings()
+        ids = drafter.draft_token_ids
+        key = (None if ids is None else (ids.data_ptr(), ids._version), lm_head.weight.data_ptr(), lm_head.weight._version)
+        if self._head is None or self._head[0] != key:
+            self._head = (key, drafter.draft_head(lm_head))
+        return self._head[1]
+
     @torch.no_grad()
     def greedy_drafts(self, drafter: CarryoverDrafterModel, hidden: torch.Tensor, anchor_ids: torch.LongTensor):
-        """Greedy proposals `(b, A, B-1)` as the candidate generator picks them (Markov head row by row)."""
-        lm_head = self.target.get_output_embeddings()
-        base = drafter.proposal_logits(hidden[:, :, 1:], lm_head)
-        if drafter.markov_head is None:
-            return base.argmax(-1)
-        drafts, previous = [], anchor_ids
-        for j in range(base.shape[2]):
-            previous = (base[:, :, j] + drafter.markov_head(previous).float()).argmax(-1)
-            drafts.append(previous)
-        return torch.stack(drafts, dim=-1)
+        """Greedy proposals `(b, A, B-1)` exactly as the candidate generator picks them (`drafter.propose`)."""
+        return drafter.propose(hidden[:, :, 1:], self.draft_head(drafter), anchor_ids, return_logits=False).tokens
 
     def first_drafts(self, drafter: CarryoverDrafterModel, hidden: torch.Tensor, blocks: torch.LongTensor, labels):
         """The first draft's proposals `(b, A, B-1)`: greedy, as at temperature 0. Override for other policies."""
         return self.greedy_drafts(drafter, hidden, blocks[..., 0])
+
+    def _teacher(self, head: DraftHead, anchors, labels, valid, last_hidden_state, topk):
+        """The target's next-token distribution at the trained rows (label j of anchor a: the state at a + j - 1)."""
+        if self.distillation is None:
+            return None
+        positions = anchors[:, :, None] + torch.arange(labels.shape[-1], device=anchors.device)  # (b, A, B-1)
+        if topk is not None:
+            ids, log_probs = topk
+            positions = positions.clamp(max=ids.shape[1] - 1)
+            rows = torch.arange(ids.shape[0], device=ids.device)[:, None, None].expand_as(positions)
+            return TopKTeacher(ids[rows[valid], positions[valid]], log_probs[rows[valid], positions[valid]], head.to_draft_indices)
+        if last_hidden_state is None:
+            raise ValueError("Distillation needs the target's final-norm states or stored top-k log-probabilities.")
+        positions = positions.clamp(max=last_hidden_state.shape[1] - 1)
+        rows = torch.arange(positions.shape[0], device=positions.device)[:, None, None].expand_as(positions)
+        states = last_hidden_state[rows[valid], positions[valid]]  # (N, H)
+        return DenseTeacher(states, lambda s: target_logits(self.target, s), head.token_ids)
 
     def _trained_draft_loss(
         self,
@@ -141,29 +170,32 @@ class DrafterObjective:
         labels: torch.LongTensor,
         valid: torch.BoolTensor,
         last_hidden_state: torch.Tensor | None,
+        topk: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, dict]:
-        lm_head = self.target.get_output_embeddings()
-        # The Markov head is trained with teacher forcing: row j sees the recorded token x_{a+j-1}.
-        previous = (
-            torch.cat([block_ids[..., :1], labels[..., :-1]], dim=-1) if drafter.markov_head is not None else None
+        head = self.draft_head(drafter)
+        rows = hidden[:, :, 1:][valid]  # (N, d): only the rows that count, contiguous
+        transition = None
+        if drafter.markov_head is not None:
+            # The Markov head is trained with teacher forcing: row j sees the recorded token x_{a+j-1}.
+            previous = torch.cat([block_ids[..., :1], labels[..., :-1]], dim=-1)[valid]
+            markov = drafter.markov_head(previous).float()  # (N, V_draft): small next to the rows x V logits
+            transition = lambda start, end: markov[start:end]  # noqa: E731
+        row_losses, picks = head_row_losses(
+            rows,
+            head,
+            labels[valid],
+            transition=transition,
+            teacher=self._teacher(head, anchors, labels, valid, last_hidden_state, topk),
+            distillation=self.distillation,
+            distillation_weight=self.distillation_weight,
+            max_chunk_elements=self.max_chunk_elements,
         )
-        logits = drafter.proposal_logits(hidden[:, :, 1:], lm_head, previous)
-        teacher = None
-        if self.distillation is not None:
-            # p_target(x_{a+j} | x_{<a+j}) comes from the final-norm state at position a+j-1 of the pass over x.
-            positions = (anchors[:, :, None] + torch.arange(labels.shape[-1], device=anchors.device)).clamp(
-                max=last_hidden_state.shape[1] - 1
-            )
-            states = torch.gather(
-                last_hidden_state, 1, positions.flatten(1)[..., None].expand(-1, -1, last_hidden_state.shape[-1])
-            )
-            with torch.no_grad():
-                teacher = target_logits(self.target, states).view_as(logits)
-        row_losses = draft_losses(logits, labels, teacher, self.distillation, self.distillation_weight)
-        weights = position_weights(block_ids.shape[-1], self.gamma, device=logits.device)
+        weights = position_weights(block_ids.shape[-1], self.gamma, device=rows.device)
         loss_sum = weighted_block_loss_sum(row_losses, valid, weights)
         with torch.no_grad():
-            metrics = teacher_forced_metrics(logits.detach(), labels, valid, anchor_valid)
+            predictions = torch.full_like(labels, -1)
+            predictions[valid] = picks
+            metrics = teacher_forced_metrics(predictions, labels, valid, anchor_valid)
         return loss_sum, metrics
 
     # -- objectives --------------------------------------------------------------------------------------------
@@ -175,14 +207,26 @@ class DrafterObjective:
         config = drafter.config
         size = config.block_size
         carryover = self.objective == "carryover"
-        states = target_forward(
-            self.target,
-            input_ids,
-            batch.get("attention_mask"),
-            config.target_layer_ids,
-            use_cache=carryover,
-            with_last_hidden_state=self.distillation is not None,
-        )
+        topk = None
+        if "target_topk_ids" in batch:
+            topk = (batch["target_topk_ids"], batch["target_topk_logprobs"])
+        if "target_features" in batch and not carryover:
+            # Offline features: what the target would compute, read from the store. No target forward.
+            states = TargetStates(features=batch["target_features"])
+            if self.distillation is not None and topk is None:
+                raise ValueError(
+                    "Distillation from offline features needs stored top-k log-probabilities: rebuild the features "
+                    "with `carryover-hf features --top_k K`, or train without --distillation."
+                )
+        else:
+            states = target_forward(
+                self.target,
+                input_ids,
+                batch.get("attention_mask"),
+                config.target_layer_ids,
+                use_cache=carryover,
+                with_last_hidden_state=self.distillation is not None and topk is None,
+            )
         blocks = _block_ids(input_ids, anchors, size, config.mask_token_id)
         labels, valid = block_labels(input_ids, loss_mask, anchors, anchor_valid, size)
         num_anchors = anchor_valid.sum()
@@ -190,7 +234,7 @@ class DrafterObjective:
         if not carryover:
             hidden = self.run_drafter(model, drafter, blocks, anchors, states.features)
             loss_sum, metrics = self._trained_draft_loss(
-                drafter, hidden, blocks, anchors, anchor_valid, labels, valid, states.last_hidden_state
+                drafter, hidden, blocks, anchors, anchor_valid, labels, valid, states.last_hidden_state, topk
             )
             return ObjectiveOutput(loss_sum, num_anchors, metrics)
 
@@ -243,6 +287,7 @@ class DrafterObjective:
             second_labels,
             second_label_valid,
             states.last_hidden_state,
+            topk,
         )
         valid_count = anchor_valid.sum().float()
         metrics["first_draft_tau"] = (((accepted + 1) * anchor_valid).sum().float(), valid_count)

@@ -15,6 +15,7 @@ from ..modeling_carryover import CarryoverDrafterModel
 from .arguments import OBJECTIVES, CarryoverTrainingArguments
 from .collator import CarryoverDataCollator
 from .data import check_training_dataset
+from .feature_store import FeatureStore
 from .lora import base_drafter, is_peft_model, load_extra_trainable_state, save_extra_trainable_state
 from .losses import DISTILLATION_KINDS, default_gamma
 from .objectives import DrafterObjective, metric_names
@@ -107,6 +108,16 @@ class CarryoverTrainer(Trainer):
                 check_training_dataset(dataset, text.vocab_size, max_length, f"eval_dataset[{name!r}]")
         else:
             check_training_dataset(eval_dataset, text.vocab_size, max_length, "eval_dataset")
+        eval_sets = eval_dataset.values() if isinstance(eval_dataset, dict) else [eval_dataset]
+        for dataset in [train_dataset, *eval_sets]:
+            if isinstance(dataset, FeatureStore):
+                # Offline features must come from this target and hold this drafter's layers.
+                dataset.check_compatible(drafter.config, target_model)
+                if options["distillation"] and self.objective == "dflash" and not dataset.has_topk:
+                    raise ValueError(
+                        f"--distillation {options['distillation']} needs the target's distribution, and {dataset.path} "
+                        "stores no top-k log-probabilities: rebuild it with `carryover-hf features --top_k K`."
+                    )
 
         if data_collator is None:
             pad = text.pad_token_id if isinstance(getattr(text, "pad_token_id", None), int) else 0

@@ -1,0 +1,430 @@
+"""Offline target features: run the frozen target once per training row, store what the drafter reads, train from it.
+
+`carryover-hf features` writes, for every row of a training set, the fused outputs of the drafter's
+`target_layer_ids` (exactly `features.gather_target_features` of the target's forward) and optionally the target's
+top-k next-token log-probabilities, into memory-mappable safetensors shards:
+
+    DIR/features.json              settings, fingerprint, shard list (rows, tokens, bytes), progress
+    DIR/shard-00000.safetensors    input_ids (N,) int32, loss_mask (N,) int8, offsets (rows + 1,) int64,
+                                   features (N, k * H) bf16/fp16/fp32, [topk_ids (N, K) int32, topk_logprobs (N, K)]
+
+N is the number of tokens of the shard's rows, concatenated. A shard is written to a temporary name and renamed when
+complete, so an interrupted run resumes at its first missing shard. The fingerprint covers the target (name, config
+and a checksum of its weights), the layer ids, the storage dtype, the top-k and the data (every row's tokens and loss
+mask); a resumed build and a training run must match it.
+
+`FeatureStore(DIR)` is a `torch.utils.data.Dataset` of rows `{input_ids, loss_mask, target_features, ...}` that reads
+only the bytes of the row asked for; `CarryoverDataCollator` pads them and the dflash objective then trains with no
+target forward (it needs only the target's input embedding and LM head).
+
+```bash
+carryover-hf features --target smollm2-135m --dataset assets/train/smollm2-135m --output runs/features \
+    --target_layer_ids 1 8 14 20 27 --dtype bfloat16 --top_k 32
+carryover-hf train --target smollm2-135m --features runs/features --objective dflash --output_dir runs/baseline ...
+```
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+MANIFEST = "features.json"
+FORMAT_VERSION = 1
+STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_TOKEN_TENSORS = ("input_ids", "loss_mask", "offsets")
+
+
+class FeatureStoreError(ValueError):
+    """A feature store that is missing, incomplete, damaged or made for another target, drafter or dataset."""
+
+
+# -- fingerprints -------------------------------------------------------------------------------------------------
+def target_fingerprint(target) -> str:
+    """A checksum of the target: its name, its config and a strided sample of every weight.
+
+    Cheap (a few thousand values per tensor), and it changes with any retraining, quantisation or dtype change.
+    """
+    digest = hashlib.sha256()
+    config = target.config.to_diff_dict()
+    for key in ("_name_or_path", "transformers_version", "_attn_implementation_autoset", "dtype", "torch_dtype"):
+        config.pop(key, None)
+    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(target.state_dict().items()):
+        flat = tensor.detach().reshape(-1)
+        step = max(1, flat.numel() // 4096)
+        sample = flat[::step].to(torch.float64).cpu().numpy()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:".encode())
+        digest.update(sample.tobytes())
+    return digest.hexdigest()[:16]
+
+
+def dataset_fingerprint(rows) -> str:
+    """A checksum of every row's `input_ids` and `loss_mask`, in order."""
+    digest = hashlib.sha256()
+    for row in _iter_rows(rows):
+        digest.update(np.asarray(row["input_ids"], dtype=np.int64).tobytes())
+        digest.update(b"|")
+        digest.update(np.asarray(row["loss_mask"], dtype=np.int8).tobytes())
+        digest.update(b"\n")
+    return digest.hexdigest()[:16]
+
+
+def _iter_rows(rows):
+    if hasattr(rows, "select_columns"):  # datasets.Dataset: only the two columns, in batches
+        for batch in rows.select_columns(["input_ids", "loss_mask"]).iter(batch_size=256):
+            yield from ({"input_ids": i, "loss_mask": m} for i, m in zip(batch["input_ids"], batch["loss_mask"]))
+    else:
+        yield from rows
+
+
+# -- building -----------------------------------------------------------------------------------------------------
+@dataclass
+class FeatureBuildConfig:
+    """Options of `carryover-hf features`."""
+
+    output: str = field(metadata={"help": "output folder (an unfinished build there is resumed)"})
+    dataset: str = field(default=None, metadata={"help": "training rows (same formats as `carryover-hf train --dataset`)"})
+    target: str = field(default="smollm2-135m", metadata={"help": "target alias, local folder or Hub id"})
+    target_dtype: str = field(default="float32", metadata={"help": "dtype the target runs in"})
+    target_layer_ids: list[int] | None = field(
+        default=None, metadata={"help": "target layers to store (default: those of --drafter, else DFlash's spread)"}
+    )
+    drafter: str | None = field(default=None, metadata={"help": "drafter folder whose target_layer_ids to store"})
+    num_layer_ids: int = field(default=5, metadata={"help": "layer ids spread as DFlash does when none are given"})
+    dtype: str = field(default="bfloat16", metadata={"help": "storage dtype of the features", "choices": list(STORAGE_DTYPES)})
+    top_k: int = field(default=0, metadata={"help": "also store the target's top-k next-token log-probs (0: none)"})
+    shard_rows: int = field(default=64, metadata={"help": "rows per shard file (the resumable unit)"})
+    batch_size: int = field(default=4, metadata={"help": "rows per target forward (right-padded)"})
+    max_rows: int | None = field(default=None, metadata={"help": "store only the first N rows"})
+    max_shards: int | None = field(default=None, metadata={"help": "stop after this many new shards"})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads"})
+
+
+def _settings(config: FeatureBuildConfig, target, layer_ids: list[int], rows) -> dict:
+    return {
+        "format_version": FORMAT_VERSION,
+        "target": config.target,
+        "target_fingerprint": target_fingerprint(target),
+        "target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
+        "target_hidden_size": target.config.get_text_config().hidden_size,
+        "target_layer_ids": list(layer_ids),
+        "dtype": config.dtype,
+        "top_k": config.top_k,
+        "num_rows": len(rows),
+        "data_fingerprint": dataset_fingerprint(rows),
+        "shard_rows": config.shard_rows,
+    }
+
+
+def fingerprint_of(settings: dict) -> str:
+    keys = ("format_version", "target_fingerprint", "target_dtype", "target_layer_ids", "dtype", "top_k",
+            "data_fingerprint", "num_rows", "shard_rows")  # fmt: skip
+    return hashlib.sha256(json.dumps({k: settings[k] for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _shard_name(index: int) -> str:
+    return f"shard-{index:05d}.safetensors"
+
+
+@torch.no_grad()
+def _encode_rows(target, rows: list[dict], layer_ids: list[int], dtype: torch.dtype, top_k: int, batch_size: int):
+    """The shard tensors of `rows`: one right-padded target forward per `batch_size` rows."""
+    from .verification import target_forward, target_logits
+
+    pieces: dict[str, list[torch.Tensor]] = {"input_ids": [], "loss_mask": [], "features": []}
+    if top_k:
+        pieces.update(topk_ids=[], topk_logprobs=[])
+    device = next(target.parameters()).device
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        lengths = [len(row["input_ids"]) for row in batch]
+        ids = torch.zeros(len(batch), max(lengths), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, row in enumerate(batch):
+            ids[i, : lengths[i]] = torch.as_tensor(row["input_ids"], dtype=torch.long)
+            mask[i, : lengths[i]] = 1
+        states = target_forward(target, ids.to(device), mask.to(device), layer_ids, with_last_hidden_state=top_k > 0)
+        for i, row in enumerate(batch):
+            n = lengths[i]
+            pieces["input_ids"].append(ids[i, :n].to(torch.int32))
+            pieces["loss_mask"].append(torch.as_tensor(row["loss_mask"], dtype=torch.int8))
+            pieces["features"].append(states.features[i, :n].to(dtype).cpu())
+            if top_k:
+                log_probs = torch.log_softmax(target_logits(target, states.last_hidden_state[i, :n]), dim=-1)
+                values, indices = log_probs.topk(top_k, dim=-1)
+                pieces["topk_ids"].append(indices.to(torch.int32).cpu())
+                pieces["topk_logprobs"].append(values.to(torch.float16 if dtype == torch.float16 else dtype).cpu())
+    lengths = torch.tensor([0] + [p.shape[0] for p in pieces["input_ids"]], dtype=torch.int64)
+    tensors = {key: torch.cat(value).contiguous() for key, value in pieces.items()}
+    tensors["offsets"] = torch.cumsum(lengths, 0)
+    return tensors
+
+
+def build_features(config: FeatureBuildConfig, target=None, rows=None, progress: bool = True) -> dict:
+    """Build (or resume) a feature store; returns its manifest. `target` and `rows` may be passed in directly."""
+    from safetensors.torch import save_file
+    from tqdm.auto import tqdm
+
+    if config.shard_rows < 1 or config.batch_size < 1:
+        raise FeatureStoreError("--shard_rows and --batch_size must be at least 1.")
+    if config.top_k < 0:
+        raise FeatureStoreError(f"--top_k must be 0 (none) or positive, got {config.top_k}.")
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    if rows is None:
+        from .cli import load_rows
+
+        rows = load_rows(config.dataset, "dataset")
+    if config.max_rows is not None:
+        if config.max_rows > len(rows):
+            raise FeatureStoreError(f"--max_rows {config.max_rows}: the dataset has only {len(rows)} rows.")
+        rows = rows.select(range(config.max_rows)) if hasattr(rows, "select") else rows[: config.max_rows]
+    if len(rows) == 0:
+        raise FeatureStoreError("The dataset is empty: nothing to encode.")
+    if target is None:
+        from ..targets import load_target
+
+        target, _ = load_target(config.target, dtype=config.target_dtype)
+    target.eval()
+    text = target.config.get_text_config()
+    from .data import check_training_dataset
+
+    check_training_dataset(rows, text.vocab_size, getattr(text, "max_position_embeddings", None), "dataset")
+    layer_ids = _layer_ids(config, target.config)
+    bad = [i for i in layer_ids if not 0 <= i < text.num_hidden_layers]
+    if bad:
+        raise FeatureStoreError(f"target_layer_ids {bad} are outside the target's {text.num_hidden_layers} layers.")
+
+    out = Path(config.output)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = _settings(config, target, layer_ids, rows)
+    manifest_path = out / MANIFEST
+    if manifest_path.exists():
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("fingerprint") != fingerprint_of(settings):
+            differing = sorted(k for k in settings if manifest.get("settings", {}).get(k) != settings[k])
+            raise FeatureStoreError(
+                f"{out} holds features of another build (differing: {differing}). Use a new --output folder, or "
+                "delete this one to rebuild it."
+            )
+    else:
+        manifest = {"fingerprint": fingerprint_of(settings), "settings": settings, "shards": [], "complete": False}
+
+    num_shards = -(-len(rows) // config.shard_rows)
+    done = len(manifest["shards"])
+    todo = range(done, num_shards if config.max_shards is None else min(num_shards, done + config.max_shards))
+    dtype = STORAGE_DTYPES[config.dtype]
+    bar = tqdm(total=len(rows), initial=min(len(rows), done * config.shard_rows), unit="row", desc="features",
+               disable=not progress)  # fmt: skip
+    started = time.perf_counter()
+    for index in todo:
+        lo, hi = index * config.shard_rows, min(len(rows), (index + 1) * config.shard_rows)
+        shard_rows = [rows[i] for i in range(lo, hi)]
+        tensors = _encode_rows(target, shard_rows, layer_ids, dtype, config.top_k, config.batch_size)
+        path = out / _shard_name(index)
+        temporary = path.with_suffix(".tmp")
+        save_file(tensors, str(temporary), metadata={"fingerprint": manifest["fingerprint"], "first_row": str(lo)})
+        os.replace(temporary, path)
+        manifest["shards"].append(
+            {"file": path.name, "rows": hi - lo, "tokens": int(tensors["offsets"][-1]), "bytes": path.stat().st_size}
+        )
+        manifest["complete"] = len(manifest["shards"]) == num_shards
+        _write_manifest(manifest_path, manifest)
+        bar.update(hi - lo)
+    bar.close()
+    tokens = sum(s["tokens"] for s in manifest["shards"])
+    manifest["summary"] = {
+        "rows": sum(s["rows"] for s in manifest["shards"]),
+        "tokens": tokens,
+        "bytes": sum(s["bytes"] for s in manifest["shards"]),
+        "bytes_per_token": round(sum(s["bytes"] for s in manifest["shards"]) / max(1, tokens), 1),
+        "seconds_this_run": round(time.perf_counter() - started, 2),
+    }
+    _write_manifest(manifest_path, manifest)
+    return manifest
+
+
+def _layer_ids(config: FeatureBuildConfig, target_config) -> list[int]:
+    if config.target_layer_ids:
+        return [int(i) for i in config.target_layer_ids]
+    if config.drafter:
+        from ..configuration_carryover import CarryoverDrafterConfig
+
+        return list(CarryoverDrafterConfig.from_pretrained(config.drafter).target_layer_ids)
+    if target_config is None:
+        return []
+    from ..configuration_carryover import default_target_layer_ids
+
+    return default_target_layer_ids(target_config.get_text_config().num_hidden_layers, config.num_layer_ids)
+
+
+def _write_manifest(path: Path, manifest: dict) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(temporary, path)
+
+
+# -- reading ------------------------------------------------------------------------------------------------------
+class FeatureStore(torch.utils.data.Dataset):
+    """The rows of a finished feature store, read lazily (only the bytes of a row asked for).
+
+    Opening checks the manifest and every shard (present, of the recorded size, readable header, same fingerprint),
+    so a damaged store fails before any training step. `check_compatible(drafter_config, target)` checks that the
+    store was made for this drafter's layer ids and this target.
+    """
+
+    def __init__(self, path: str | os.PathLike, allow_incomplete: bool = False):
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        manifest_path = self.path / MANIFEST
+        if not manifest_path.is_file():
+            raise FeatureStoreError(f"{self.path} is not a feature store (no {MANIFEST}); build one with `carryover-hf features`.")
+        self.manifest = json.loads(manifest_path.read_text())
+        self.settings = self.manifest["settings"]
+        if self.settings.get("format_version") != FORMAT_VERSION:
+            raise FeatureStoreError(f"{self.path}: feature store format {self.settings.get('format_version')} is not supported (expected {FORMAT_VERSION}); rebuild it.")
+        if not self.manifest.get("complete") and not allow_incomplete:
+            raise FeatureStoreError(
+                f"{self.path} is unfinished ({len(self.manifest['shards'])} shards written): rerun the same "
+                "`carryover-hf features` command to complete it."
+            )
+        self._shards, starts = [], [0]
+        for shard in self.manifest["shards"]:
+            file = self.path / shard["file"]
+            if not file.is_file():
+                raise FeatureStoreError(f"{self.path}: shard {shard['file']} is missing; rebuild the store (delete it and rerun `carryover-hf features`).")
+            size = file.stat().st_size
+            if size != shard["bytes"]:
+                raise FeatureStoreError(
+                    f"{self.path}: shard {shard['file']} has {size} bytes, the manifest records {shard['bytes']} "
+                    "(truncated or replaced); delete it and rerun `carryover-hf features` to rewrite it."
+                )
+            try:
+                with safe_open(str(file), framework="pt") as handle:
+                    metadata = handle.metadata() or {}
+            except Exception as error:  # safetensors raises its own error types for bad headers
+                raise FeatureStoreError(f"{self.path}: shard {shard['file']} is unreadable ({error}).") from error
+            if metadata.get("fingerprint") != self.manifest["fingerprint"]:
+                raise FeatureStoreError(f"{self.path}: shard {shard['file']} belongs to another build (fingerprint).")
+            self._shards.append(file)
+            starts.append(starts[-1] + shard["rows"])
+        self._starts = np.asarray(starts)
+        self._handles: dict[int, object] = {}
+        self._offsets: dict[int, torch.Tensor] = {}
+        self._limit: int | None = None
+
+    # -- checks --------------------------------------------------------------------------------------------------
+    @property
+    def target_layer_ids(self) -> list[int]:
+        return list(self.settings["target_layer_ids"])
+
+    @property
+    def has_topk(self) -> bool:
+        return self.settings["top_k"] > 0
+
+    def check_compatible(self, drafter_config, target=None, dataset=None) -> None:
+        """Raises if the store does not fit the drafter (layer ids), the target (fingerprint) or the dataset."""
+        if list(drafter_config.target_layer_ids) != self.target_layer_ids:
+            raise FeatureStoreError(
+                f"{self.path} stores target layers {self.target_layer_ids}, the drafter reads "
+                f"{list(drafter_config.target_layer_ids)}: build features for these layers "
+                "(`carryover-hf features --target_layer_ids ...`) or train a drafter with the store's layers."
+            )
+        if target is not None and target_fingerprint(target) != self.settings["target_fingerprint"]:
+            raise FeatureStoreError(
+                f"{self.path} was built with another target (or other weights or dtype) than the one given "
+                f"({target.config._name_or_path!r}); rebuild the features with this target."
+            )
+        if dataset is not None and dataset_fingerprint(dataset) != self.settings["data_fingerprint"]:
+            raise FeatureStoreError(f"{self.path} was built from other data than the --dataset given.")
+
+    # -- rows ----------------------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self._starts[-1]) if self._limit is None else self._limit
+
+    def _handle(self, shard: int):
+        from safetensors import safe_open
+
+        if shard not in self._handles:
+            handle = safe_open(str(self._shards[shard]), framework="pt")
+            self._handles[shard] = handle
+            self._offsets[shard] = handle.get_tensor("offsets")
+        return self._handles[shard]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"row {index} is outside the store's {len(self)} rows")
+        shard = int(np.searchsorted(self._starts, index, side="right") - 1)
+        handle = self._handle(shard)
+        offsets = self._offsets[shard]
+        local = index - int(self._starts[shard])
+        lo, hi = int(offsets[local]), int(offsets[local + 1])
+        row = {
+            "input_ids": handle.get_slice("input_ids")[lo:hi].long(),
+            "loss_mask": handle.get_slice("loss_mask")[lo:hi].long(),
+            "target_features": handle.get_slice("features")[lo:hi],
+        }
+        if self.has_topk:
+            row["target_topk_ids"] = handle.get_slice("topk_ids")[lo:hi].long()
+            row["target_topk_logprobs"] = handle.get_slice("topk_logprobs")[lo:hi]
+        return row
+
+    def token_rows(self):
+        """Rows with `input_ids` and `loss_mask` only (no feature bytes are read)."""
+        for index in range(len(self)):
+            shard = int(np.searchsorted(self._starts, index, side="right") - 1)
+            handle, offsets = self._handle(shard), self._offsets[shard]
+            local = index - int(self._starts[shard])
+            lo, hi = int(offsets[local]), int(offsets[local + 1])
+            yield {"input_ids": handle.get_slice("input_ids")[lo:hi], "loss_mask": handle.get_slice("loss_mask")[lo:hi]}
+
+    def head(self, num_rows: int) -> "FeatureStore":
+        """The same store limited to its first `num_rows` rows (what `--max_train_samples` selects)."""
+        if not 1 <= num_rows <= len(self):
+            raise FeatureStoreError(f"{self.path} has {len(self)} rows; cannot take the first {num_rows}.")
+        limited = object.__new__(FeatureStore)
+        limited.__dict__.update(self.__getstate__())
+        limited._limit = num_rows
+        return limited
+
+    def __getstate__(self):  # safetensors handles do not pickle (dataloader workers reopen them)
+        state = dict(self.__dict__)
+        state["_handles"], state["_offsets"] = {}, {}
+        return state
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(FeatureBuildConfig, prog="carryover-hf features", description=__doc__.split("\n\n")[0])
+    (config,) = parser.parse_args_into_dataclasses(args=argv)
+    if config.dataset is None:
+        print("carryover-hf features: --dataset is required (the training rows to encode).", file=sys.stderr)
+        return 2
+    try:
+        manifest = build_features(config)
+    except (FeatureStoreError, FileNotFoundError) as error:
+        print(f"carryover-hf features: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps({"complete": manifest["complete"], **manifest["summary"], "fingerprint": manifest["fingerprint"]}, indent=2))
+    return 0
+
+
+__all__ = [
+    "FeatureBuildConfig",
+    "FeatureStore",
+    "FeatureStoreError",
+    "build_features",
+    "dataset_fingerprint",
+    "target_fingerprint",
+]

@@ -1,0 +1,76 @@
+"""Start a new drafter from the target's own weights instead of random ones.
+
+The drafter's final norm feeds the target's LM head, so the target's final norm is the natural start for it; and a
+drafter layer has the shapes of a target decoder layer when it is built with `from_target_config`, so a chosen
+target layer (a late one: its outputs are closest to what the LM head reads) can seed it. Weights that a target layer
+lacks (Qwen3-style q/k norms for a Llama target) keep their default initialisation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..modeling_carryover import CarryoverDrafterModel
+
+_LAYER_WEIGHTS = (
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+)
+
+
+def _decoder(target):
+    base = target.get_decoder() if hasattr(target, "get_decoder") else getattr(target, "model", target)
+    if not hasattr(base, "layers") or not hasattr(base, "norm"):
+        raise ValueError(f"{type(target).__name__} has no `layers` and `norm` to initialise a drafter from.")
+    return base
+
+
+@torch.no_grad()
+def initialize_from_target(
+    drafter: CarryoverDrafterModel, target, final_norm: bool = True, layer: int | None = None
+) -> dict[str, str]:
+    """Copy the target's final norm (and, with `layer`, target layers `layer, layer + 1, ...` into drafter layers
+    `0, 1, ...`) into `drafter`. Returns what was copied: drafter name -> target name.
+
+    Raises if a requested layer is out of range; weights whose shapes differ are an error too (build the drafter
+    with `CarryoverDrafterConfig.from_target_config` so that they match).
+    """
+    decoder = _decoder(target)
+    copied: dict[str, str] = {}
+    if final_norm:
+        drafter.norm.weight.copy_(decoder.norm.weight)
+        copied["norm.weight"] = "final norm"
+    if layer is None:
+        return copied
+    count = len(drafter.layers)
+    if not 0 <= layer <= len(decoder.layers) - count:
+        raise ValueError(
+            f"init layer {layer}: the target has {len(decoder.layers)} layers and the drafter {count}, so the first "
+            f"copied layer must be in [0, {len(decoder.layers) - count}]."
+        )
+    for i, drafter_layer in enumerate(drafter.layers):
+        source = dict(decoder.layers[layer + i].named_parameters())
+        mine = dict(drafter_layer.named_parameters())
+        for name in _LAYER_WEIGHTS:
+            if name not in source or name not in mine:
+                continue
+            if source[name].shape != mine[name].shape:
+                raise ValueError(
+                    f"target layer {layer + i} {name} has shape {tuple(source[name].shape)}, the drafter's "
+                    f"{tuple(mine[name].shape)}: build the drafter with from_target_config to match the target."
+                )
+            mine[name].copy_(source[name])
+            copied[f"layers.{i}.{name}"] = f"layers.{layer + i}.{name}"
+    return copied
+
+
+__all__ = ["initialize_from_target"]

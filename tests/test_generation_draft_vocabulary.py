@@ -1,0 +1,93 @@
+"""A drafter with a reduced draft vocabulary stays lossless (greedy and sampling), and its proposals are the
+full-vocabulary computation restricted to the draft ids; the vocabulary survives save/load."""
+
+from collections import Counter
+
+import pytest
+import torch
+from transformers import AutoModel
+
+import carryover_hf  # noqa: F401
+from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+
+from test_generation_sampling import (
+    PROMPT,
+    SETTINGS,
+    VOCAB as SAMPLING_VOCAB,
+    assert_matches,
+    exact_distribution,
+    sample_with_drafter,
+)
+
+VOCAB = 16
+
+
+def _with_vocabulary(drafter, token_ids):
+    drafter.set_draft_vocabulary(token_ids)
+    if drafter.markov_head is not None:
+        torch.nn.init.normal_(drafter.markov_head.proj.weight, std=0.5)
+    return drafter
+
+
+@pytest.mark.parametrize("kind", ["dflash", "markov"])
+def test_greedy_output_is_identical_with_a_reduced_vocabulary(kind):
+    target = skew_towards_token(tiny_target("llama", vocab_size=VOCAB, seed=1), 3, 0.1)
+    # Keep token 3 (which the skewed target emits often, so drafts get accepted) and drop others it produces.
+    drafter = _with_vocabulary(tiny_drafter(target, block_size=4, drafter_type=kind, seed=2), [0, 2, 3, 5, 8, 13])
+    produced, accepted = Counter(), Counter()
+    for i in range(8):
+        prompt = torch.randint(0, VOCAB, (1, 2 + i), generator=torch.Generator().manual_seed(i))
+        kwargs = dict(max_new_tokens=24, do_sample=False, attention_mask=torch.ones_like(prompt))
+        reference = target.generate(prompt, **kwargs)
+        for use_carryover in (True, False):
+            drafter.config.use_carryover = use_carryover
+            output = target.generate(prompt, assistant_model=drafter, **kwargs)
+            assert torch.equal(output, reference), f"prompt {i}, carry={use_carryover}"
+            accepted.update(drafter.last_generation_stats.acceptance_lengths)
+        produced.update(reference[0, prompt.shape[1] :].tolist())
+    outside = set(produced) - {0, 2, 3, 5, 8, 13}
+    assert outside, "the target should produce tokens the draft vocabulary lacks"
+    assert sum(v for k, v in accepted.items() if k > 1) > 0, accepted  # some drafts were accepted
+
+
+@pytest.mark.parametrize("name,kind", [("temperature", "dflash"), ("top_k+repetition_penalty", "markov")])
+def test_sampling_keeps_the_target_distribution_with_a_reduced_vocabulary(name, kind):
+    target = tiny_target("llama", vocab_size=SAMPLING_VOCAB, hidden_size=32, num_hidden_layers=2, seed=11)
+    drafter = _with_vocabulary(tiny_drafter(target, block_size=4, drafter_type=kind, seed=12), [0, 1, 3, 4, 6])
+    samples, acceptance = sample_with_drafter(target, drafter, SETTINGS[name])
+    assert {2, 5, 7} & {t for s in samples for t in s}, "the target should sample tokens outside the draft set"
+    assert sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
+    assert_matches(samples, exact_distribution(target, SETTINGS[name]))
+
+
+def test_proposals_are_the_full_head_restricted_to_the_draft_ids():
+    target = tiny_target("llama", vocab_size=VOCAB, seed=3)
+    drafter = tiny_drafter(target, block_size=4, seed=4)
+    states = torch.randn(2, 3, drafter.config.hidden_size)
+    full = drafter.proposal_logits(states, target.get_output_embeddings())
+    ids = torch.tensor([1, 4, 5, 9, 15])
+    drafter.set_draft_vocabulary(ids)
+    head = drafter.draft_head(target.get_output_embeddings())
+    reduced = drafter.proposal_logits(states, head)
+    torch.testing.assert_close(reduced[..., ids], full[..., ids])
+    assert torch.isinf(reduced[..., [0, 2, 3]]).all()
+    proposal = drafter.propose(states, head, torch.zeros(2, dtype=torch.long), return_logits=False)
+    assert torch.equal(proposal.tokens, ids[full[..., ids].argmax(-1)])
+
+
+def test_draft_vocabulary_is_saved_with_the_weights(tmp_path):
+    target = tiny_target("llama", vocab_size=VOCAB, seed=3)
+    drafter = tiny_drafter(target, block_size=4, drafter_type="markov", seed=4)
+    drafter.set_draft_vocabulary([2, 3, 7])
+    drafter.save_pretrained(tmp_path)
+    loaded = AutoModel.from_pretrained(tmp_path)
+    assert loaded.config.draft_vocab_size == 3
+    assert loaded.draft_token_ids.tolist() == [2, 3, 7]
+    assert loaded.markov_head.proj.weight.shape == (3, drafter.config.markov_rank)
+
+
+@pytest.mark.parametrize("bad,match", [([3, 2], "sorted"), ([1, 1], "sorted"), ([VOCAB], "lie in"), ([], "at least")])
+def test_bad_draft_vocabularies_are_refused(bad, match):
+    drafter = tiny_drafter(tiny_target("llama", vocab_size=VOCAB, seed=3), block_size=4, seed=4)
+    with pytest.raises(ValueError, match=match):
+        drafter.set_draft_vocabulary(bad)
