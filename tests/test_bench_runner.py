@@ -158,6 +158,11 @@ def test_overhead_is_measured_per_drafter_and_context_length(bench):
             assert row["overhead_ms"]["estimate"] == pytest.approx(
                 row["ms_with_carry"]["estimate"] - row["ms_without_carry"]["estimate"]
             )
+            # The target's 1-token step, timed in the same loop, and the proposal as a fraction of it.
+            assert len(row["times_ms_target_step"]) == 3 and row["target_step_ms"]["estimate"] > 0
+            assert row["proposal_without_carry_per_target_step"]["estimate"] == pytest.approx(
+                row["ms_without_carry"]["estimate"] / row["target_step_ms"]["estimate"]
+            )
         assert "target-alone greedy outputs" in result["context_source"]
 
 
@@ -262,3 +267,37 @@ def test_overhead_context_beyond_the_target_fails_before_generation(models, monk
     settings = BenchmarkSettings(overhead_context_lengths=[128, 1024])
     with pytest.raises(ValueError, match="lower --overhead-context-lengths"):
         run_benchmark(target, drafters, tiny_prompts(2, vocab_size=VOCAB), settings=settings, progress=False)
+
+
+def test_round_profile_and_adaptive_length_methods(models, tmp_path):
+    """Per round: proposal, verification and rest of the loop, each over the target's 1-token step of the same run;
+    `--draft-confidence-thresholds` adds adaptive-length methods compared with their full-block counterparts."""
+    target, drafters = models
+    drafter = drafters["d"]
+    settings = BenchmarkSettings(temperatures=[0.0], max_new_tokens=12, methods=["target", "carry_on"],
+                                 draft_confidence_thresholds=[0.3], bootstrap_resamples=200, overhead=False, warmup=0)
+    report = run_benchmark(target, {"d": drafter}, tiny_prompts(4, vocab_size=VOCAB), settings=settings,
+                           output_dir=str(tmp_path), progress=False)
+    assert [m["name"] for m in report["methods"]] == ["target", "d/carry_on", "d/carry_on@0.3"]
+    assert report["methods"][2]["draft_confidence_threshold"] == 0.3 and report["methods"][1]["draft_confidence_threshold"] is None
+    assert report["correctness"]["passed"]
+    block = report["results"][0]
+    target_step = block["summary"]["target"]["all"]
+    runs = [r for r in report["runs"] if r["method"] == "target"]
+    step_ms = 1000 * sum(r["decode_time"] for r in runs) / sum(r["decode_tokens"] for r in runs)
+    for name in ("d/carry_on", "d/carry_on@0.3"):
+        summary = block["summary"][name]["all"]
+        profile = summary["round_profile"]
+        assert profile["target_step_ms"]["estimate"] == pytest.approx(step_ms)
+        for part, key in (("proposal", "drafting_ms_per_round"), ("verification", "verification_ms_per_round"),
+                          ("rest", "rest_ms_per_round")):
+            assert profile[f"{part}_per_target_step"]["estimate"] == pytest.approx(summary[key]["estimate"] / step_ms)
+    assert "round_profile" not in target_step
+    pairs = {(c["a"], c["b"]) for c in block["comparisons"]}
+    assert ("d/carry_on@0.3", "d/carry_on") in pairs
+    adaptive = [r for r in report["runs"] if r["method"] == "d/carry_on@0.3"]
+    full = [r for r in report["runs"] if r["method"] == "d/carry_on"]
+    assert sum(sum(r["draft_lengths"]) for r in adaptive) < sum(sum(r["draft_lengths"]) for r in full)
+    assert all(r["rest_time"] > 0 for r in adaptive + full)
+    assert drafter.config.draft_confidence_threshold is None and drafter.config.use_carryover  # never changed
+    assert "### Round profile" in (tmp_path / "results.md").read_text()

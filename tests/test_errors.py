@@ -119,3 +119,66 @@ def test_fresh_drafter_starts_neutral():
     assert torch.count_nonzero(drafter.carry_embedding) == 0
     assert torch.count_nonzero(drafter.markov_head.proj.weight) == 0
     assert drafter.fc.weight.std() > 0 and drafter.markov_head.token_embedding.weight.std() > 0
+
+
+@pytest.mark.parametrize(
+    "option",
+    [dict(prompt_lookup_num_tokens=3), dict(speculation_type="dflash"), dict(assistant_early_exit=2), dict(use_mtp=True)],
+)
+def test_another_speculation_option_next_to_a_carryover_drafter(target, option):
+    counter = ForwardCounter(target)
+    try:
+        with pytest.raises(ValueError, match="together with .*selects another candidate generator"):
+            target.generate(torch.ones(1, 4, dtype=torch.long), assistant_model=tiny_drafter(target), max_new_tokens=3, **option)
+    finally:
+        counter.handle.remove()
+    assert counter.calls == 0
+
+
+def test_prefilled_target_cache_is_refused_before_any_work(target):
+    """Transformers 5.23's assisted loop re-runs the whole prompt over a pre-filled cache (prompt lookup included),
+    so the drafter refuses it with a clear message instead of failing mid-generation."""
+    from transformers.cache_utils import DynamicCache
+
+    prompt = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    cache = DynamicCache(config=target.config)
+    with torch.no_grad():
+        target(prompt[:, :4], past_key_values=cache)
+    counter = ForwardCounter(target)
+    try:
+        with pytest.raises(ValueError, match="already holds 4 tokens.*without `past_key_values`"):
+            target.generate(prompt, past_key_values=cache, assistant_model=tiny_drafter(target), max_new_tokens=4)
+    finally:
+        counter.handle.remove()
+    assert counter.calls == 0 and cache.get_seq_length() == 4
+    # The reason, upstream: Transformers' own prompt lookup with the same pre-filled cache departs from the target.
+    reference = target.generate(prompt, max_new_tokens=6, do_sample=False)
+    lookup = target.generate(prompt, past_key_values=cache, max_new_tokens=6, do_sample=False, prompt_lookup_num_tokens=2)
+    assert not torch.equal(lookup, reference), "Transformers now handles pre-filled caches in assisted decoding: support it"
+    # An empty cache is fine.
+    output = target.generate(prompt, past_key_values=DynamicCache(config=target.config), assistant_model=tiny_drafter(target),
+                             max_new_tokens=6, do_sample=False)
+    assert torch.equal(output, reference)
+
+
+def test_confidence_threshold_out_of_range(target):
+    from transformers import GenerationConfig
+
+    with pytest.raises(Exception, match=r"draft_confidence_threshold must lie in \[0, 1\]"):
+        CarryoverDrafterConfig(draft_confidence_threshold=1.5)
+    with pytest.raises(ValueError, match=r"draft_confidence_threshold must lie in \[0, 1\]"):
+        target.generate(torch.ones(1, 4, dtype=torch.long), assistant_model=tiny_drafter(target),
+                        generation_config=GenerationConfig(max_new_tokens=3, draft_confidence_threshold=-0.1))
+
+
+def test_unsupported_transformers_version_is_named_at_import(monkeypatch):
+    from carryover_hf.compatibility import ALLOW_UNSUPPORTED_ENV, check_transformers_version
+
+    check_transformers_version("5.23.0")
+    monkeypatch.delenv(ALLOW_UNSUPPORTED_ENV, raising=False)
+    for version in ("5.22.1", "5.24.0", "6.0.0"):
+        with pytest.raises(ImportError, match=rf"supports Transformers >=5.23,<5.24, but {version} is installed.*pip install"):
+            check_transformers_version(version)
+    monkeypatch.setenv(ALLOW_UNSUPPORTED_ENV, "1")
+    with pytest.warns(UserWarning, match="supports Transformers"):
+        check_transformers_version("5.24.0")

@@ -97,3 +97,29 @@ def test_carry_changes_proposals_but_not_outputs():
     # The first proposal has no carry either way; some later proposal must differ.
     assert torch.equal(proposals[True][0], proposals[False][0])
     assert any(not torch.allclose(a, b) for a, b in zip(proposals[True][1:], proposals[False][1:]))
+
+
+@pytest.mark.parametrize("threshold", [0.1, 0.25, 0.6])
+def test_greedy_output_is_identical_with_adaptive_proposal_length(targets, threshold):
+    """`draft_confidence_threshold` only shortens proposals (to zero drafts: a plain target step); outputs stay exact."""
+    from transformers import GenerationConfig
+
+    cut = zero = full = 0
+    for i in range(8):
+        kind = ("dflash", "markov")[i % 2]
+        target = targets["llama"][(i // 2) % len(SKEWS)]
+        drafter = tiny_drafter(target, block_size=8, drafter_type=kind, seed=3)
+        prompt = _prompt(i)
+        reference = target.generate(prompt, max_new_tokens=24, do_sample=False)
+        config = GenerationConfig(max_new_tokens=24, do_sample=False, draft_confidence_threshold=threshold)
+        output = target.generate(prompt, assistant_model=drafter, generation_config=config)
+        assert torch.equal(output, reference), f"prompt {i} ({kind}, threshold {threshold}) differs"
+        stats = drafter.last_generation_stats
+        assert sum(stats.acceptance_lengths) == output.shape[1] - prompt.shape[1] - 1
+        assert all(a <= d + 1 for a, d in zip(stats.acceptance_lengths, stats.draft_lengths))
+        cut += stats.stopped_by_confidence
+        zero += stats.draft_lengths[:-1].count(0)
+        full += stats.draft_lengths.count(7)
+    assert cut > 0 and zero > 0, (cut, zero)
+    if threshold <= 0.25:
+        assert full > 0, "some proposals should pass the threshold in full"

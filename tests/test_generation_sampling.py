@@ -81,7 +81,8 @@ def chi_square_pvalue(observed: Counter, expected_probs: Counter, n: int) -> flo
     return float(chisquare(f_obs, [e * scale for e in f_exp]).pvalue)
 
 
-def sample_with_drafter(target, drafter, settings: dict) -> tuple[list[tuple[int, ...]], Counter]:
+def sample_with_drafter(target, drafter, settings: dict, drafts: Counter | None = None) -> tuple[list[tuple[int, ...]], Counter]:
+    """Samples and acceptance lengths; `drafts` (optional) counts draft lengths per round and cut proposals."""
     samples, acceptance = [], Counter()
     kwargs = dict(do_sample=True, max_new_tokens=NEW_TOKENS, attention_mask=torch.ones_like(PROMPT), top_k=0)
     kwargs.update(settings)
@@ -90,6 +91,9 @@ def sample_with_drafter(target, drafter, settings: dict) -> tuple[list[tuple[int
         output = target.generate(PROMPT, assistant_model=drafter, **kwargs)
         samples.append(tuple(output[0, PROMPT.shape[1] :].tolist()))
         acceptance.update(drafter.last_generation_stats.acceptance_lengths)
+        if drafts is not None:
+            drafts.update(drafter.last_generation_stats.draft_lengths[:-1])  # the last round may hit the length budget
+            drafts["cut"] += drafter.last_generation_stats.stopped_by_confidence
     return samples, acceptance
 
 
@@ -116,6 +120,19 @@ def test_sampling_keeps_target_distribution(target, name, drafter_type, use_carr
     samples, acceptance = sample_with_drafter(target, drafter, SETTINGS[name])
     assert acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
     assert_matches(samples, exact_distribution(target, SETTINGS[name]))
+
+
+def test_sampling_keeps_target_distribution_with_adaptive_proposal_length(target):
+    """Cut proposals (down to zero drafts: a plain sampled target step) keep the target's distribution exactly."""
+    drafter = tiny_drafter(target, block_size=4, seed=12)
+    # The config default (per-call options would override it). This random drafter's top probabilities lie between
+    # 0.13 and 0.14 (vocabulary 8), so 0.135 cuts some proposals and keeps others.
+    drafter.config.draft_confidence_threshold = 0.135
+    drafts = Counter()
+    samples, acceptance = sample_with_drafter(target, drafter, SETTINGS["temperature"], drafts=drafts)
+    assert acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
+    assert drafts["cut"] > 0 and drafts[0] > 0 and drafts[1] + drafts[2] + drafts[3] > 0, drafts
+    assert_matches(samples, exact_distribution(target, SETTINGS["temperature"]))
 
 
 def test_chi_square_detects_a_misreported_draft_distribution(target, monkeypatch):

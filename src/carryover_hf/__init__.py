@@ -4,12 +4,17 @@ Importing the package registers the drafter with `AutoConfig` / `AutoModel` and 
 `target.generate(..., assistant_model=drafter)` to the Carryover candidate generator.
 """
 
-from transformers import AutoConfig, AutoModel
+from .compatibility import check_transformers_version
 
-from .compatibility import DrafterTargetMismatchError, check_compatibility
-from .configuration_carryover import CarryoverDrafterConfig
-from .generation import CarryoverCandidateGenerator, GenerationStats, install_generation_hook
-from .modeling_carryover import CarryoverDrafterModel
+
+check_transformers_version()  # before anything touches Transformers' internals: a clear message, not an AttributeError
+
+from transformers import AutoConfig, AutoModel  # noqa: E402
+
+from .compatibility import DrafterTargetMismatchError, check_compatibility  # noqa: E402
+from .configuration_carryover import CarryoverDrafterConfig  # noqa: E402
+from .generation import CarryoverCandidateGenerator, GenerationStats, install_generation_hook  # noqa: E402
+from .modeling_carryover import CarryoverDrafterModel  # noqa: E402
 
 
 __version__ = "0.1.0"

@@ -12,6 +12,55 @@ class DrafterTargetMismatchError(ValueError):
     """The drafter was made for another target."""
 
 
+SUPPORTED_TRANSFORMERS = ((5, 23), (5, 24))  # [lowest, first unsupported) major.minor
+ALLOW_UNSUPPORTED_ENV = "CARRYOVER_HF_ALLOW_UNSUPPORTED_TRANSFORMERS"
+# The private GenerationMixin methods the generate hook wraps, with the parameters it reads.
+HOOKED_METHODS = {
+    "_get_candidate_generator": ("generation_config", "input_ids", "logits_processor", "model_kwargs", "assistant_model"),
+    "_validate_generation_mode": ("generation_config", "generation_mode_kwargs"),
+}
+
+
+def check_transformers_version(version: str | None = None) -> None:
+    """Raises `ImportError` with what to install when the installed Transformers is not one this package supports.
+
+    The generate hook wraps private `GenerationMixin` methods (see docs/generate.md), so only tested minor versions
+    are accepted. `CARRYOVER_HF_ALLOW_UNSUPPORTED_TRANSFORMERS=1` turns the version check into a warning (the
+    methods the hook needs must still exist with the parameters it reads).
+    """
+    import os
+    import warnings
+
+    import transformers
+    from packaging.version import Version
+    from transformers.generation.utils import GenerationMixin
+
+    installed = Version(version or transformers.__version__)
+    (low_major, low_minor), (high_major, high_minor) = SUPPORTED_TRANSFORMERS
+    supported = f">={low_major}.{low_minor},<{high_major}.{high_minor}"
+    if not (low_major, low_minor) <= (installed.major, installed.minor) < (high_major, high_minor):
+        message = (
+            f"carryover-hf supports Transformers {supported}, but {installed} is installed. Its generate hook wraps "
+            "private GenerationMixin methods that change between Transformers releases. Install a supported "
+            f"version: pip install 'transformers{supported}'."
+        )
+        if os.environ.get(ALLOW_UNSUPPORTED_ENV) != "1":
+            raise ImportError(message + f" (Set {ALLOW_UNSUPPORTED_ENV}=1 to try anyway.)")
+        warnings.warn(message, stacklevel=2)
+    import inspect
+
+    for name, parameters in HOOKED_METHODS.items():
+        method = getattr(GenerationMixin, name, None)
+        found = set(inspect.signature(method).parameters) if method is not None else set()
+        missing = [p for p in parameters if p not in found]
+        if method is None or missing:
+            raise ImportError(
+                f"Transformers {installed} has no GenerationMixin.{name}"
+                + (f" with parameters {missing}" if method is not None else "")
+                + f", which carryover-hf's generate hook wraps. Install transformers{supported}."
+            )
+
+
 def _target_name(target_config: PretrainedConfig) -> str | None:
     return getattr(target_config, "_name_or_path", None) or None
 
@@ -97,6 +146,7 @@ def check_single_sequence(input_ids: torch.Tensor, attention_mask: torch.Tensor 
 __all__ = [
     "DrafterTargetMismatchError",
     "check_compatibility",
+    "check_transformers_version",
     "check_target",
     "check_single_sequence",
     "supports_layer_hidden_states",

@@ -1,20 +1,23 @@
 """`target.generate(..., assistant_model=drafter)` with a Carryover drafter.
 
 Transformers 5.23 has no registry of candidate generators, so importing `carryover_hf` wraps
-`GenerationMixin._get_candidate_generator`: a `CarryoverDrafterModel` assistant gets a `CarryoverCandidateGenerator`,
-everything else goes to Transformers unchanged. The generation loop, verification and speculative sampling stay
-Transformers' own, which is what keeps the output lossless.
+`GenerationMixin._get_candidate_generator` (and `_validate_generation_mode`, to check the pair before Transformers'
+own checks): a `CarryoverDrafterModel` assistant gets a `CarryoverCandidateGenerator`, every other call goes to
+Transformers with its arguments untouched. The generation loop, verification and speculative sampling stay
+Transformers' own, which is what keeps the output lossless. See docs/generate.md for why this mechanism (and not
+`custom_generate`), and for the per-call options (`CARRYOVER_GENERATION_OPTIONS`).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
-from transformers.cache_utils import DynamicCache
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
@@ -22,19 +25,37 @@ from transformers.utils import logging
 
 from .compatibility import check_compatibility, check_single_sequence, check_target
 from .features import embed_block_tokens, gather_target_features, hidden_state_indices
-from .modeling_carryover import CarryoverDrafterModel
+from .modeling_carryover import CarryoverDrafterModel, DrafterContextBuffer
+from .utils import device_synchronizer
 
 
 logger = logging.get_logger(__name__)
 
+# Per-call options, read from the `GenerationConfig` of a `generate` call (custom attributes; `None` = not set).
+CARRYOVER_GENERATION_OPTIONS = {
+    "use_carryover": "show the previous round's rejected states to the next proposal (default: drafter.config)",
+    "draft_confidence_threshold": "end a proposal at the first row whose top drafter probability is below this "
+    "(greedy: the drafted token's probability; default: drafter.config; None or 0 = off)",
+    "carryover_timing": "record prefill/drafting/verification wall times in the statistics (synchronises the device "
+    "at each boundary; default False)",
+}
+# Options that choose another candidate generator: Transformers would ignore them next to a Carryover drafter.
+CONFLICTING_SPECULATION_OPTIONS = ("prompt_lookup_num_tokens", "assistant_early_exit", "speculation_type", "use_mtp")
+
 
 @dataclass
 class GenerationStats:
-    """What one `generate` call did, filled round by round. Times are wall-clock seconds."""
+    """What one `generate` call did, filled round by round by its candidate generator.
+
+    Times (wall-clock seconds) are recorded only when asked for (`carryover_timing=True`, see
+    `CARRYOVER_GENERATION_OPTIONS`): timing synchronises the device at every boundary. `timed` says whether they were.
+    """
 
     acceptance_lengths: list[int] = field(default_factory=list)  # tokens per verification round, bonus included
     draft_lengths: list[int] = field(default_factory=list)  # drafts proposed per round
     carry_rows: list[int] = field(default_factory=list)  # carry rows seen by each proposal
+    stopped_by_confidence: int = 0  # proposals cut short by `draft_confidence_threshold`
+    timed: bool = False
     prefill_time: float = 0.0
     drafting_time: float = 0.0
     verification_time: float = 0.0
@@ -68,31 +89,61 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         generation_config: GenerationConfig,
         logits_processor: LogitsProcessorList | None,
         model_kwargs: dict[str, Any],
+        check: bool = True,
     ):
-        check_pair(target, drafter)
+        """`check=False` skips the drafter/target checks (the generate hook has already run them)."""
+        if check:
+            check_pair(target, drafter)
+            check_generation_options(generation_config)
         check_single_sequence(input_ids, model_kwargs.get("attention_mask"))
+        check_empty_cache(model_kwargs.get("past_key_values"))
 
         self.drafter = drafter
         self.config = drafter.config
         self.embed_tokens = target.get_input_embeddings()
         self.lm_head = target.get_output_embeddings()
+        self.draft_head = drafter.draft_head(self.lm_head)  # the head's draft-vocabulary rows, gathered once
         self.model_kwargs_overrides = {"output_hidden_states": hidden_state_indices(self.config.target_layer_ids)}
         self.max_length = generation_config.max_length
         self.do_sample = bool(generation_config.do_sample)
+        self.use_carryover = _option(generation_config, "use_carryover", drafter.config.use_carryover)
+        self.confidence_threshold = _option(
+            generation_config, "draft_confidence_threshold", getattr(drafter.config, "draft_confidence_threshold", None)
+        )
+        if self.confidence_threshold is not None and not 0.0 <= float(self.confidence_threshold) <= 1.0:
+            raise ValueError(f"draft_confidence_threshold must lie in [0, 1] or be None, got {self.confidence_threshold}.")
+        if self.confidence_threshold is not None and float(self.confidence_threshold) == 0.0:
+            self.confidence_threshold = None  # 0 never cuts a proposal: the same as off (and turns off a config default)
+        self.timing = bool(_option(generation_config, "carryover_timing", False))
+        # Speculative sampling (and Transformers' lossy ensemble mode) read the candidate logits; greedy does not.
+        self.return_logits = self.do_sample or getattr(generation_config, "assistant_ensemble_weight", None) is not None
+        # The confidence rule reads the drafter's probability of each draft under the distribution it was drawn from.
+        self.return_logits = self.return_logits or self.confidence_threshold is not None
         self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
         self.device = drafter.device
 
-        self.context_cache = DynamicCache(config=self.config)
-        self.num_context = 0  # rows in the context cache = position of the next anchor
+        # Everything a proposal needs that does not change between rounds is built once per call: the context
+        # key/value buffer (sized from the length budget, with the rotary table), the block embeddings
+        # [anchor, MASK x (B-1)] (row 0 is rewritten each round) and the positions.
+        block_size = self.config.block_size
+        self.context_cache = DrafterContextBuffer(drafter, max_positions=self.max_length)
+        mask_ids = torch.full((1, block_size), self.config.mask_token_id, device=self.embed_tokens.weight.device)
+        self.block_embeds = embed_block_tokens(self.embed_tokens, mask_ids).to(self.device, drafter.fc.weight.dtype)
+        self.positions = torch.arange(self.max_length + 2 * block_size, device=self.device).unsqueeze(0)
+        self.num_context = 0  # position of the next context row = position of the next anchor
+        self.started = False  # whether the prefill's states have reached the drafter
         self.carry_features: torch.Tensor | None = None
         self.carry_positions: torch.Tensor | None = None
         self.finished_drafting = False
-        self.stats = GenerationStats()
-        drafter.last_generation_stats = self.stats
-        self._sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
-        self._clock = time.perf_counter()
+        self.stats = GenerationStats(timed=self.timing)
+        drafter.last_generation_stats = self.stats  # the generator owns it; the drafter keeps a reference for users
+        self._sync = device_synchronizer(self.device)
+        self._clock = time.perf_counter() if self.timing else 0.0
 
     def _lap(self) -> float:
+        """Seconds since the last lap (0 unless timing was asked for: timing synchronises the device)."""
+        if not self.timing:
+            return 0.0
         self._sync()
         now = time.perf_counter()
         elapsed, self._clock = now - self._clock, now
@@ -116,21 +167,23 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             raise RuntimeError("The drafter was asked for candidates after the length budget ran out.")
         self._lap()  # closes the bookkeeping between rounds
 
-        # 1. Verify output -> split accepted / rejected rows.
+        # 1. Verify output -> split accepted / rejected rows (the prefill's rows are all accepted).
         verified = gather_target_features(model_outputs.hidden_states, self.config.target_layer_ids).to(self.device)
-        num_accepted = verified.shape[1] if self.num_context == 0 else n_last_matches + 1
+        num_accepted = n_last_matches + 1 if self.started else verified.shape[1]
+        self.started = True
         accepted, rejected = verified[:, :num_accepted], verified[:, num_accepted:]
 
         # 2. Update context: accepted rows keep their absolute positions.
-        context_positions = self._positions(self.num_context, num_accepted)
+        context_positions = self.positions[:, self.num_context : self.num_context + num_accepted]
         self.num_context += num_accepted
         anchor_position = self.num_context
         if anchor_position != input_ids.shape[1] - 1:
             raise RuntimeError(f"Drafter context ({anchor_position} rows) is out of step with the sequence.")
 
         # 3. Refresh carry: the rejected rows, at the positions where they were verified; replaced every round.
-        if self.config.use_carryover and rejected.shape[1] > 0:
-            self.carry_features, self.carry_positions = rejected, self._positions(anchor_position, rejected.shape[1])
+        if self.use_carryover and rejected.shape[1] > 0:
+            self.carry_features = rejected
+            self.carry_positions = self.positions[:, anchor_position : anchor_position + rejected.shape[1]]
         else:
             self.carry_features = self.carry_positions = None
 
@@ -144,11 +197,10 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             return input_ids, None
 
         # 4. Draft one block [anchor, MASK x (B-1)] at positions anchor_pos + j.
-        block_ids = torch.full((1, self.config.block_size), self.config.mask_token_id, device=input_ids.device)
-        block_ids[:, 0] = input_ids[:, -1]
+        self.block_embeds[:, :1] = embed_block_tokens(self.embed_tokens, input_ids[:, -1:]).to(self.block_embeds)
         output = self.drafter(
-            block_embeds=embed_block_tokens(self.embed_tokens, block_ids).to(self.device),
-            block_position_ids=self._positions(anchor_position, self.config.block_size),
+            block_embeds=self.block_embeds,
+            block_position_ids=self.positions[:, anchor_position : anchor_position + self.config.block_size],
             context_features=accepted,
             context_position_ids=context_positions,
             carry_features=self.carry_features,
@@ -157,43 +209,61 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             use_cache=True,
         )
         candidate_ids, candidate_logits = self._pick_tokens(input_ids, output.last_hidden_state[:, 1 : 1 + num_drafts])
+        if self.confidence_threshold is not None:
+            candidate_ids, candidate_logits = self._cut_at_low_confidence(input_ids, candidate_ids, candidate_logits)
+        num_drafts = candidate_ids.shape[1] - input_ids.shape[1]
         self.stats.draft_lengths.append(num_drafts)
         self.stats.drafting_time += self._lap()
+        if num_drafts == 0:
+            # Nothing confident enough: Transformers runs a plain target step (its own distribution at T > 0).
+            return input_ids, None
         return candidate_ids, candidate_logits
 
-    def _positions(self, start: int, length: int) -> torch.LongTensor:
-        return torch.arange(start, start + length, device=self.device).unsqueeze(0)
+    def _cut_at_low_confidence(
+        self, input_ids: torch.LongTensor, candidate_ids: torch.LongTensor, candidate_logits: torch.Tensor
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """Keep the drafts before the first row whose drafter confidence is below the threshold.
+
+        Confidence = the probability of the row's most likely token under the distribution its draft was drawn
+        from (the returned candidate logits). Greedy drafts are that token, so this is the drafted token's
+        probability. Under sampling the rule must not look at the sampled token itself: dropping a draft because
+        *it* came out unlikely would change which tokens get proposed and bias the output (the chi-square test in
+        tests/test_generation_sampling.py rejects that variant at p ~ 1e-32); the top probability of row j depends
+        only on the drafts before it, so the proposal length stays a stopping time and verification keeps the target's
+        distribution exactly.
+        """
+        logits = candidate_logits[0].float()
+        confidence = logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)  # log of the top probability
+        low = (confidence < torch.log(torch.tensor(float(self.confidence_threshold)))).nonzero()
+        if low.numel() == 0:
+            return candidate_ids, candidate_logits
+        keep = int(low[0, 0])
+        self.stats.stopped_by_confidence += 1
+        return candidate_ids[:, : input_ids.shape[1] + keep], candidate_logits[:, :keep]
 
     def _pick_tokens(
         self, input_ids: torch.LongTensor, block_states: torch.Tensor
-    ) -> tuple[torch.LongTensor, torch.Tensor]:
-        """Choose drafts row by row from the processed logits, and return exactly the distributions sampled from.
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """Drafts from the block states via `drafter.propose`, and exactly the distributions they were drawn from.
 
         Transformers' speculative sampling accepts draft j with probability min(1, p/q) where q = softmax of the
-        returned logits, so the logits returned must be the ones the draft was drawn from.
+        returned logits, so the logits returned must be the ones the draft was drawn from. Greedy decoding compares
+        tokens only, so no logits are built for it (unless an ensemble weight asks for them).
         """
-        base_logits = self.drafter.proposal_logits(block_states, self.lm_head).to(input_ids.device)
-        if len(self.logits_processor) == 0 and self.drafter.markov_head is None and not self.do_sample:
-            return torch.cat([input_ids, base_logits.argmax(dim=-1)], dim=-1), base_logits
-
-        candidate_ids, rows = input_ids, []
-        for j in range(base_logits.shape[1]):
-            logits = base_logits[:, j]
-            if self.drafter.markov_head is not None:
-                logits = logits + self.drafter.markov_head(candidate_ids[:, -1].to(self.device)).float().to(logits.device)
-            if len(self.logits_processor) > 0:
-                logits = self.logits_processor(candidate_ids, logits)
-            if self.do_sample:
-                token = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
-            else:
-                token = logits.argmax(dim=-1, keepdim=True)
-            candidate_ids = torch.cat([candidate_ids, token], dim=-1)
-            rows.append(logits)
-        return candidate_ids, torch.stack(rows, dim=1)
+        proposal = self.drafter.propose(
+            block_states,
+            self.draft_head,
+            input_ids[:, -1],
+            prefix_ids=input_ids,
+            logits_processor=self.logits_processor,
+            do_sample=self.do_sample,
+            return_logits=self.return_logits,
+        )
+        return torch.cat([input_ids, proposal.tokens.to(input_ids.device)], dim=-1), proposal.logits
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
         elapsed = self._lap()
-        if self.num_context == 0:  # the target's prefill produced the first token
+        if not self.started:  # the target's prefill produced the first token
             self.stats.prefill_time += elapsed
             return
         self.stats.verification_time += elapsed
@@ -209,40 +279,101 @@ def check_pair(target: PreTrainedModel, drafter: CarryoverDrafterModel) -> None:
         logger.warning_once(f"The drafter records target {recorded!r}; generating with {actual!r}.")
 
 
+def declare_generation_options(model: PreTrainedModel) -> PreTrainedModel:
+    """Let `model.generate(...)` take the Carryover options as plain keyword arguments.
+
+    Transformers passes a `generate` keyword on to the generation config only if the model's `generation_config` has
+    that attribute (otherwise it is rejected as an unused model kwarg). This declares each option of
+    `CARRYOVER_GENERATION_OPTIONS` there as `None` (= the drafter's default), on this model only; it is also what
+    `save_pretrained` would then write. Without it the options travel in a `GenerationConfig` passed to the call.
+    """
+    for name in CARRYOVER_GENERATION_OPTIONS:
+        if not hasattr(model.generation_config, name):
+            setattr(model.generation_config, name, None)
+    return model
+
+
+def _option(generation_config: GenerationConfig, name: str, default: Any) -> Any:
+    """A per-call option (see `CARRYOVER_GENERATION_OPTIONS`) from the call's generation config, else `default`."""
+    value = getattr(generation_config, name, None)
+    return default if value is None else value
+
+
+def check_empty_cache(cache: Any) -> None:
+    """A pre-filled target cache is refused before any work.
+
+    Transformers 5.23's assisted-decoding loop runs its first forward over the whole prompt even when
+    `past_key_values` already holds part of it (unlike its plain greedy/sampling path, which skips the cached
+    tokens): the prompt is processed twice and the output differs from the target alone, for every assistant kind
+    (prompt lookup and draft models included). A Carryover drafter cannot repair that pass, so it refuses instead.
+    """
+    cached = int(cache.get_seq_length()) if cache is not None else 0
+    if cached > 0:
+        raise ValueError(
+            f"`past_key_values` already holds {cached} tokens. Transformers' assisted decoding (which Carryover "
+            "drafting runs in) re-processes the whole prompt on top of a pre-filled cache and would not return what "
+            "the target alone returns. Call generate with the full conversation and without `past_key_values` (or "
+            "with an empty cache); see docs/generate.md."
+        )
+
+
+def check_generation_options(generation_config: GenerationConfig) -> None:
+    """A Carryover drafter is the candidate generator: another speculation option set next to it is an error."""
+    conflicting = {
+        name: getattr(generation_config, name, None)
+        for name in CONFLICTING_SPECULATION_OPTIONS
+        if getattr(generation_config, name, None) not in (None, False)
+    }
+    if conflicting:
+        settings = ", ".join(f"{k}={v!r}" for k, v in conflicting.items())
+        raise ValueError(
+            f"A Carryover drafter was passed as `assistant_model` together with {settings}, which selects another "
+            "candidate generator. Use one speculation method per call: drop the option to draft with the Carryover "
+            "drafter, or drop `assistant_model` to use that method (for Transformers' own DFlash path pass a "
+            "`MuseGlimmerAssistantModel`, e.g. from `carryover_hf.hub.native.to_native_dflash(drafter)`)."
+        )
+
+
 _transformers_validate_generation_mode = GenerationMixin._validate_generation_mode
 _transformers_get_candidate_generator = GenerationMixin._get_candidate_generator
+_VALIDATE_SIGNATURE = inspect.signature(_transformers_validate_generation_mode)
+_GET_CANDIDATE_GENERATOR_SIGNATURE = inspect.signature(_transformers_get_candidate_generator)
 
 
-def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
-    # Runs before Transformers' own checks, whose vocabulary check would otherwise ask for a second tokenizer.
-    assistant = generation_mode_kwargs.get("assistant_model")
+def _bound(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The named arguments of a call (read only: the call itself is forwarded untouched)."""
+    try:
+        return signature.bind(*args, **kwargs).arguments
+    except TypeError:  # let Transformers raise its own error for a malformed call
+        return {}
+
+
+@functools.wraps(_transformers_validate_generation_mode)
+def _validate_generation_mode(*args, **kwargs):
+    # Carryover checks run first: Transformers' vocabulary check would otherwise ask a drafter for another target
+    # (different vocabulary) to come with two tokenizers, which cannot help; see docs/generate.md.
+    arguments = _bound(_VALIDATE_SIGNATURE, args, kwargs)
+    assistant = (arguments.get("generation_mode_kwargs") or {}).get("assistant_model")
     if isinstance(assistant, CarryoverDrafterModel):
-        check_pair(self, assistant)
-    return _transformers_validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs)
+        check_pair(arguments["self"], assistant)
+        check_generation_options(arguments["generation_config"])
+    return _transformers_validate_generation_mode(*args, **kwargs)
 
 
-def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
-                             assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
-    if isinstance(assistant_model, CarryoverDrafterModel):
+@functools.wraps(_transformers_get_candidate_generator)
+def _get_candidate_generator(*args, **kwargs):
+    arguments = _bound(_GET_CANDIDATE_GENERATOR_SIGNATURE, args, kwargs)
+    if isinstance(arguments.get("assistant_model"), CarryoverDrafterModel):
         return CarryoverCandidateGenerator(
-            target=self,
-            drafter=assistant_model,
-            input_ids=input_ids,
-            generation_config=generation_config,
-            logits_processor=logits_processor,
-            model_kwargs=model_kwargs,
+            target=arguments["self"],
+            drafter=arguments["assistant_model"],
+            input_ids=arguments["input_ids"],
+            generation_config=arguments["generation_config"],
+            logits_processor=arguments["logits_processor"],
+            model_kwargs=arguments["model_kwargs"],
+            check=False,  # `_validate_generation_mode` ran the checks at the start of `generate`
         )
-    return _transformers_get_candidate_generator(
-        self,
-        generation_config=generation_config,
-        input_ids=input_ids,
-        inputs_tensor=inputs_tensor,
-        logits_processor=logits_processor,
-        model_kwargs=model_kwargs,
-        assistant_model=assistant_model,
-        target_tokenizer=target_tokenizer,
-        assistant_tokenizer=assistant_tokenizer,
-    )
+    return _transformers_get_candidate_generator(*args, **kwargs)
 
 
 def install_generation_hook() -> None:
@@ -254,4 +385,13 @@ def install_generation_hook() -> None:
     GenerationMixin._get_candidate_generator = _get_candidate_generator
 
 
-__all__ = ["CarryoverCandidateGenerator", "GenerationStats", "check_pair", "install_generation_hook"]
+__all__ = [
+    "CARRYOVER_GENERATION_OPTIONS",
+    "CarryoverCandidateGenerator",
+    "GenerationStats",
+    "check_empty_cache",
+    "check_generation_options",
+    "check_pair",
+    "declare_generation_options",
+    "install_generation_hook",
+]

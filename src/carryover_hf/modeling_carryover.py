@@ -75,34 +75,31 @@ class CarryoverDrafterAttention(nn.Module):
         self,
         hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        context: torch.Tensor | None = None,
-        context_position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        carry: torch.Tensor | None = None,
-        carry_position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        extra_rows: torch.Tensor | None = None,
+        num_context: int = 0,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        past_key_values: Cache | DrafterContextBuffer | None = None,
     ) -> torch.Tensor:
+        """
+        hidden_states (`(b, Q, d)`): the normed block rows (the only queries).
+        position_embeddings: cos/sin of the rows `[new context ; carry ; block]`, in that order.
+        extra_rows (`(b, C + R, d)`, *optional*): fused new-context rows followed by carry rows (keys/values only).
+        num_context: C, how many of `extra_rows` are context (the only rows a cache keeps).
+        """
         batch, q_len, _ = hidden_states.shape
+        cos, sin = position_embeddings
         queries = self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
-        queries = _rope(self.q_norm(queries).transpose(1, 2), *position_embeddings)
-
-        keys, values = [], []
-        if context is not None:
-            ctx_k, ctx_v = self.key_values(context, context_position_embeddings)
-        else:
-            ctx_k = ctx_v = queries.new_zeros(batch, self.config.num_key_value_heads, 0, self.head_dim)
-        if past_key_values is not None:
-            # Only context rows ever enter the cache: carry and block rows are rebuilt for every proposal.
-            ctx_k, ctx_v = past_key_values.update(ctx_k, ctx_v, self.layer_idx)
-        keys.append(ctx_k)
-        values.append(ctx_v)
-        if carry is not None:
-            carry_k, carry_v = self.key_values(carry, carry_position_embeddings)
-            keys.append(carry_k)
-            values.append(carry_v)
-        block_k, block_v = self.key_values(hidden_states, position_embeddings)
-        keys.append(block_k)
-        values.append(block_v)
+        queries = _rope(self.q_norm(queries).transpose(1, 2), cos[:, -q_len:], sin[:, -q_len:])
+        # One projection over all non-cached rows; the cached context joins without a second copy where possible.
+        rows = hidden_states if extra_rows is None else torch.cat([extra_rows, hidden_states], dim=1)
+        keys, values = self.key_values(rows, position_embeddings)
+        if isinstance(past_key_values, DrafterContextBuffer):
+            keys, values = past_key_values.write(self.layer_idx, keys, values)
+        elif past_key_values is not None:
+            # A `Cache` keeps the new context rows; carry and block rows are rebuilt for every proposal.
+            cached_k, cached_v = past_key_values.update(keys[:, :, :num_context], values[:, :, :num_context], self.layer_idx)
+            keys = torch.cat([cached_k, keys[:, :, num_context:]], dim=2)
+            values = torch.cat([cached_v, values[:, :, num_context:]], dim=2)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -110,13 +107,62 @@ class CarryoverDrafterAttention(nn.Module):
         attn_output, _ = attention_interface(
             self,
             queries,
-            torch.cat(keys, dim=2),
-            torch.cat(values, dim=2),
+            keys,
+            values,
             attention_mask,
             dropout=self.attention_dropout if self.training else 0.0,
             scaling=self.scaling,
         )
         return self.o_proj(attn_output.reshape(batch, q_len, -1).contiguous())
+
+
+class DrafterContextBuffer:
+    """The drafter's context keys/values for one `generate` call, preallocated from its length budget.
+
+    Per layer one `(batch, kv_heads, capacity, head_dim)` tensor for keys and one for values. Rows `[0, length)` are
+    the committed context (fused target states of committed tokens, at their absolute positions). A proposal writes
+    its new context rows, its carry rows and its block rows right after them (the tail slots, reused by every
+    proposal) and attends over the one contiguous view `[0, length + C + R + Q)`; only the C context rows are
+    committed (`length += C` after the forward). Nothing is concatenated or reallocated during generation.
+
+    It also holds the rotary cos/sin table of every position the call can reach, so no proposal recomputes them.
+    Drop-in for a `Cache` as `past_key_values` of `CarryoverDrafterModel.forward` (`get_seq_length()`).
+    """
+
+    def __init__(self, drafter: "CarryoverDrafterModel", max_positions: int, batch_size: int = 1):
+        config = drafter.config
+        # Context rows sit at positions < max_positions; a proposal adds at most B - 1 carry rows and B block rows.
+        self.capacity = max_positions + 2 * config.block_size
+        self.max_positions = max_positions + config.block_size
+        weight = drafter.fc.weight
+        shape = (batch_size, config.num_key_value_heads, self.capacity, config.head_dim)
+        self.keys = [weight.new_empty(shape) for _ in range(config.num_hidden_layers)]
+        self.values = [weight.new_empty(shape) for _ in range(config.num_hidden_layers)]
+        self.length = 0
+        positions = torch.arange(self.max_positions, device=weight.device).unsqueeze(0)
+        cos, sin = drafter.rotary_emb(weight, positions)
+        self.cos, self.sin = cos[0], sin[0]  # (positions, head_dim)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def rotary(self, position_ids: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of `position_ids` (b, n) from the table -> two (b, n, head_dim) tensors."""
+        if int(position_ids.max()) >= self.max_positions:
+            raise ValueError(f"position {int(position_ids.max())} is beyond this buffer's {self.max_positions} positions")
+        return self.cos[position_ids], self.sin[position_ids]
+
+    def write(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the rows `[new context ; carry ; block]` after the committed context; return views over all rows."""
+        end = self.length + keys.shape[2]
+        if end > self.capacity:
+            raise ValueError(f"the drafter context buffer holds {self.capacity} rows; this proposal needs {end}")
+        self.keys[layer_idx][:, :, self.length : end].copy_(keys)
+        self.values[layer_idx][:, :, self.length : end].copy_(values)
+        return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
+
+    def commit(self, num_context: int) -> None:
+        self.length += num_context
 
 
 class CarryoverDrafterLayer(GradientCheckpointingLayer):
@@ -135,15 +181,113 @@ class CarryoverDrafterLayer(GradientCheckpointingLayer):
 
 
 class CarryoverMarkovHead(nn.Module):
-    """Rank-r first-order token transition: `W2 · W1[x_{j-1}]` added to the LM-head logits of row j."""
+    """Rank-r first-order token transition: `W2 · W1[x_{j-1}]` added to the LM-head logits of row j.
+
+    `W1` reads any target token; `W2` writes the draft vocabulary (the full one unless `draft_vocab_size` is set).
+    """
 
     def __init__(self, config: CarryoverDrafterConfig):
         super().__init__()
         self.token_embedding = nn.Embedding(config.vocab_size, config.markov_rank)  # W1: V x r
-        self.proj = nn.Linear(config.markov_rank, config.vocab_size, bias=False)  # W2: r -> V
+        self.proj = nn.Linear(config.markov_rank, config.draft_vocab_size or config.vocab_size, bias=False)  # W2
 
     def forward(self, previous_token_ids: torch.LongTensor) -> torch.Tensor:
         return self.proj(self.token_embedding(previous_token_ids))
+
+
+# Logits processors whose output for a row does not depend on the tokens before it: drafts can be drawn for all
+# rows at once under them. Anything else (repetition penalty, n-gram bans, length-dependent EOS rules) runs row by row.
+POSITION_FREE_PROCESSORS = (
+    "TemperatureLogitsWarper",
+    "TopKLogitsWarper",
+    "TopPLogitsWarper",
+    "MinPLogitsWarper",
+    "TypicalLogitsWarper",
+    "EpsilonLogitsWarper",
+    "EtaLogitsWarper",
+)
+
+
+class DraftHead:
+    """The target's LM head over the drafter's draft vocabulary, as one 2-D matmul over contiguous rows.
+
+    Built once per pairing (`drafter.draft_head(target.get_output_embeddings())`): with a reduced vocabulary the
+    head's rows are gathered once here, not on every call. Logits are float32 over the *draft* vocabulary;
+    `token_ids` maps draft indices to target ids (`None`: the identity), `to_full` scatters draft logits into the
+    target vocabulary with `-inf` elsewhere.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, token_ids: torch.LongTensor | None, vocab_size: int):
+        self.weight = weight  # (V_draft, d)
+        self.bias = bias
+        self.token_ids = token_ids  # (V_draft,) sorted target ids, or None for the full vocabulary
+        self.vocab_size = vocab_size
+
+    @property
+    def size(self) -> int:
+        return self.weight.shape[0]
+
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(..., d) -> (..., V_draft) float32. The product runs on a contiguous (rows, d) view: a broadcast `bmm`
+        over a strided (anchors, rows, d) slice is several times slower on CPU."""
+        rows = hidden_states.reshape(-1, hidden_states.shape[-1]).to(self.weight.dtype)
+        logits = torch.nn.functional.linear(rows.contiguous(), self.weight, self.bias)
+        return logits.float().view(*hidden_states.shape[:-1], -1)
+
+    def argmax(self, hidden_states: torch.Tensor, max_chunk_elements: int = 1 << 24) -> torch.LongTensor:
+        """Target ids of the most likely draft token per row, in chunks of rows (no (rows x V) tensor at once)."""
+        rows = hidden_states.reshape(-1, hidden_states.shape[-1])
+        step = max(1, max_chunk_elements // self.size)
+        picks = torch.cat([self(rows[i : i + step]).argmax(-1) for i in range(0, rows.shape[0], step)])
+        return self.to_token_ids(picks).view(hidden_states.shape[:-1])
+
+    def to_token_ids(self, indices: torch.LongTensor) -> torch.LongTensor:
+        return indices if self.token_ids is None else self.token_ids[indices]
+
+    def to_draft_indices(self, token_ids: torch.LongTensor) -> tuple[torch.LongTensor, torch.BoolTensor]:
+        """Draft indices of target ids, and whether each id is in the draft vocabulary (indices of others: 0)."""
+        if self.token_ids is None:
+            return token_ids, torch.ones_like(token_ids, dtype=torch.bool)
+        position = torch.searchsorted(self.token_ids, token_ids).clamp(max=self.size - 1)
+        inside = self.token_ids[position] == token_ids
+        return position.masked_fill(~inside, 0), inside
+
+    def to_full(self, logits: torch.Tensor) -> torch.Tensor:
+        """(..., V_draft) -> (..., V) with `-inf` outside the draft vocabulary."""
+        if self.token_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.token_ids, logits)
+
+
+@dataclass
+class Proposal:
+    """Drafts chosen from block states.
+
+    tokens (`(..., R)`): target ids of the drafts.
+    logits (`(..., R, V)`, *optional*): the processed full-vocabulary logits each draft was drawn from (what
+        Transformers' speculative sampling needs); `None` when not asked for.
+    probabilities (`(..., R)`, *optional*): the drafter's probability of each chosen draft under those logits.
+    """
+
+    tokens: torch.LongTensor
+    logits: torch.Tensor | None = None
+    probabilities: torch.Tensor | None = None
+
+
+def _choose(logits: torch.Tensor, do_sample: bool) -> torch.LongTensor:
+    """Argmax or one sample per row of `(..., V)` logits -> `(...)` indices."""
+    if not do_sample:
+        return logits.argmax(-1)
+    flat = torch.softmax(logits.reshape(-1, logits.shape[-1]), dim=-1)
+    return torch.multinomial(flat, num_samples=1).view(logits.shape[:-1])
+
+
+def _proposal(tokens, logits, return_logits: bool, return_probabilities: bool) -> Proposal:
+    probabilities = None
+    if return_probabilities:
+        probabilities = torch.softmax(logits, dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+    return Proposal(tokens, logits if return_logits else None, probabilities)
 
 
 @dataclass
@@ -177,6 +321,8 @@ class CarryoverDrafterPreTrainedModel(PreTrainedModel):
         if isinstance(module, CarryoverDrafterModel):
             # E_carry starts at zero: an untrained carry row is tagged like a context row.
             init.zeros_(module.carry_embedding)
+            if module.draft_token_ids is not None:  # placeholder until `set_draft_vocabulary` or a checkpoint
+                init.copy_(module.draft_token_ids, torch.arange(module.draft_token_ids.shape[0]))
         elif module is getattr(getattr(self, "markov_head", None), "proj", None):
             # W2 starts at zero (here, on the Linear itself: a module without direct parameters is skipped by
             # Transformers' init), so a fresh Markov head leaves the backbone's proposals unchanged.
@@ -195,6 +341,11 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
         self.markov_head = CarryoverMarkovHead(config) if config.drafter_type == "markov" else None
+        if config.draft_vocab_size is not None:
+            # Target ids of the draft vocabulary, sorted; saved with the weights (see `set_draft_vocabulary`).
+            self.register_buffer("draft_token_ids", torch.arange(config.draft_vocab_size), persistent=True)
+        else:
+            self.draft_token_ids = None
         self.gradient_checkpointing = False
         # Filled by `target.generate(..., assistant_model=drafter)`; see `carryover_hf.generation`.
         self.last_generation_stats = None
@@ -212,21 +363,137 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
         """Carry rows: fused like context, then tagged with `E_carry`."""
         return self.fuse_context(features) + self.carry_embedding
 
+    # -- the draft vocabulary and the LM head ----------------------------------------------------------------
+    def set_draft_vocabulary(self, token_ids) -> None:
+        """Restrict proposals to `token_ids` (sorted unique target ids; saved in the checkpoint).
+
+        Sets `config.draft_vocab_size`. A Markov head's `W2` is resized to the new vocabulary (its rows for kept ids
+        are kept), so call this before training it.
+        """
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().cpu()
+        vocab = self.config.vocab_size
+        if ids.numel() == 0:
+            raise ValueError("set_draft_vocabulary needs at least one token id.")
+        if ids.min() < 0 or ids.max() >= vocab:
+            raise ValueError(f"Draft vocabulary ids must lie in [0, {vocab}); got min {int(ids.min())}, max {int(ids.max())}.")
+        if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
+            raise ValueError("Draft vocabulary ids must be sorted and unique: pass `sorted(set(ids))`.")
+        device = self.fc.weight.device
+        if self.markov_head is not None:
+            old_ids = self.draft_token_ids.cpu() if self.draft_token_ids is not None else torch.arange(vocab)
+            weight = self.markov_head.proj.weight.data
+            kept = torch.zeros(ids.numel(), weight.shape[1], dtype=weight.dtype, device=weight.device)
+            position = torch.searchsorted(old_ids, ids).clamp(max=old_ids.numel() - 1)
+            found = old_ids[position] == ids
+            kept[found.to(weight.device)] = weight[position[found].to(weight.device)]
+            self.markov_head.proj = nn.Linear(weight.shape[1], ids.numel(), bias=False, device=weight.device, dtype=weight.dtype)
+            self.markov_head.proj.weight.data.copy_(kept)
+        self._buffers.pop("draft_token_ids", None)
+        self.__dict__.pop("draft_token_ids", None)  # the plain `None` of a full-vocabulary drafter
+        self.register_buffer("draft_token_ids", ids.to(device), persistent=True)
+        self.config.draft_vocab_size = int(ids.numel())
+
+    def draft_head(self, lm_head: nn.Module) -> DraftHead:
+        """The target's LM head restricted to the draft vocabulary; build it once per pairing and reuse it.
+
+        The head is the frozen target's: its weights are detached here, so no gradient reaches them.
+        """
+        weight, bias = lm_head.weight.detach(), getattr(lm_head, "bias", None)
+        bias = None if bias is None else bias.detach()
+        ids = self.draft_token_ids
+        if ids is not None:
+            ids = ids.to(weight.device)
+            weight = weight.index_select(0, ids)
+            bias = None if bias is None else bias.index_select(0, ids)
+        return DraftHead(weight, bias, ids, self.config.vocab_size)
+
     def proposal_logits(
         self,
         hidden_states: torch.Tensor,
-        lm_head: nn.Module,
+        lm_head: nn.Module | DraftHead,
         previous_token_ids: torch.LongTensor | None = None,
     ) -> torch.Tensor:
-        """Float32 logits of block rows through the target's LM head.
+        """Float32 full-vocabulary logits of block rows (`-inf` outside a reduced draft vocabulary).
 
         With a Markov head and `previous_token_ids` (the token at the row before, e.g. teacher-forced labels in
-        training), the transition term `W2 W1[x_{j-1}]` is added; at inference the generator adds it row by row.
+        training), the transition term `W2 W1[x_{j-1}]` is added. `propose` is what chooses drafts; this is the
+        reference form of the same logits.
         """
-        logits = lm_head(hidden_states.to(lm_head.weight.dtype)).float()
+        head = lm_head if isinstance(lm_head, DraftHead) else self.draft_head(lm_head)
+        logits = head(hidden_states)
         if self.markov_head is not None and previous_token_ids is not None:
             logits = logits + self.markov_head(previous_token_ids).float()
-        return logits
+        return head.to_full(logits)
+
+    @torch.no_grad()
+    def propose(
+        self,
+        block_states: torch.Tensor,
+        head: DraftHead,
+        anchor_ids: torch.LongTensor,
+        *,
+        prefix_ids: torch.LongTensor | None = None,
+        logits_processor=None,
+        do_sample: bool = False,
+        return_logits: bool = True,
+        return_probabilities: bool = False,
+    ) -> Proposal:
+        """Choose the drafts of block rows 1.. from their final-norm states: the one place that does it, for
+        generation and for training's first draft alike.
+
+        Args:
+            block_states (`(..., R, d)`): states of the proposal rows (leading dims: `(1,)` in generation,
+                `(b, A)` for packed training blocks).
+            head: `self.draft_head(target.get_output_embeddings())`.
+            anchor_ids (`(...)`): the token before row 1 (the Markov head's first "previous" token).
+            prefix_ids (`(1, n)`): the sequence so far; logits processors that read it see it extended by the drafts.
+            logits_processor: the target's processors; drafts are drawn from the processed distributions.
+            do_sample: sample instead of taking the argmax.
+            return_logits: return the full-vocabulary logits each draft was drawn from (needed for sampling).
+
+        Rows are drafted all at once unless a Markov head or a processor that reads the prefix makes row j depend on
+        the draft of row j-1; then they go one by one (still vectorised over leading dims). Greedy drafts without
+        processors never build a (rows x V) tensor when `return_logits=False`.
+        """
+        processors = list(logits_processor or [])
+        parallel = self.markov_head is None and all(type(p).__name__ in POSITION_FREE_PROCESSORS for p in processors)
+        if parallel and not processors and not do_sample and not return_logits and not return_probabilities:
+            return Proposal(head.argmax(block_states))
+        if parallel:
+            logits = head(block_states)
+            if processors:
+                full = head.to_full(logits)
+                flat = full.reshape(-1, full.shape[-1])
+                rows = prefix_ids.expand(flat.shape[0], -1) if prefix_ids is not None else None
+                for processor in processors:  # position-free: the prefix is not read
+                    flat = processor(rows, flat)
+                logits = flat.view_as(full)
+                tokens = _choose(logits, do_sample)
+            else:
+                tokens = head.to_token_ids(_choose(logits, do_sample))
+                logits = head.to_full(logits) if return_logits or return_probabilities else None
+            return _proposal(tokens, logits, return_logits, return_probabilities)
+
+        # Row by row: row j's logits depend on the draft of row j - 1.
+        tokens, rows, previous = [], [], anchor_ids
+        candidate_ids = prefix_ids
+        for j in range(block_states.shape[-2]):
+            logits = head(block_states[..., j, :])
+            if self.markov_head is not None:
+                logits = logits + self.markov_head(previous).float()
+            if processors:
+                logits = head.to_full(logits)
+                logits = logits_processor(candidate_ids, logits.view(-1, logits.shape[-1])).view_as(logits)
+                previous = _choose(logits, do_sample)
+            else:
+                previous = head.to_token_ids(_choose(logits, do_sample))
+                logits = head.to_full(logits) if return_logits or return_probabilities else None
+            if candidate_ids is not None:
+                candidate_ids = torch.cat([candidate_ids, previous.view(candidate_ids.shape[0], 1)], dim=-1)
+            tokens.append(previous)
+            rows.append(logits)
+        logits = torch.stack(rows, dim=-2) if rows[0] is not None else None
+        return _proposal(torch.stack(tokens, dim=-1), logits, return_logits, return_probabilities)
 
     def forward(
         self,
@@ -237,7 +504,7 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
         carry_features: torch.Tensor | None = None,
         carry_position_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        past_key_values: Cache | DrafterContextBuffer | None = None,
         use_cache: bool = False,
     ) -> CarryoverDrafterOutput:
         r"""
@@ -250,36 +517,62 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
             rows; visible to this forward only, never cached.
         attention_mask (`(batch, 1, Q, P + C + R + Q)`, *optional*): boolean (True = visible) or additive mask over
             `[cached context ; new context ; carry ; block]`. `None` lets every block row see every row.
+        past_key_values (`Cache` or `DrafterContextBuffer`, *optional*): the context cache; `generate` uses a
+            `DrafterContextBuffer` (preallocated, no concatenation), any `Cache` works the same way.
         """
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
+        cache = past_key_values if use_cache else None
+        buffered = isinstance(cache, DrafterContextBuffer)
 
         hidden_states = block_embeds.to(self.fc.weight.dtype)
-        position_embeddings = self.rotary_emb(hidden_states, block_position_ids)
-        context = carry = context_pe = carry_pe = None
-        if context_features is not None and context_features.shape[1] > 0:
-            context = self.fuse_context(context_features)
-            context_pe = self.rotary_emb(hidden_states, context_position_ids)
-        if carry_features is not None and carry_features.shape[1] > 0:
-            carry = self.fuse_carry(carry_features)
-            carry_pe = self.rotary_emb(hidden_states, carry_position_ids)
+        batch = hidden_states.shape[0]
+        has_context = context_features is not None and context_features.shape[1] > 0
+        has_carry = carry_features is not None and carry_features.shape[1] > 0
+        num_context = context_features.shape[1] if has_context else 0
+        # Keys/values of [new context ; carry ; block] rows are computed together, at their absolute positions.
+        positions = [p.expand(batch, -1) for p, used in ((context_position_ids, has_context),
+                                                          (carry_position_ids, has_carry)) if used]
+        positions = torch.cat([*positions, block_position_ids.expand(batch, -1)], dim=1) if positions else block_position_ids
+        if buffered:
+            position_embeddings = cache.rotary(positions)
+        else:
+            position_embeddings = self.rotary_emb(hidden_states, positions)
+        extra_rows = None
+        if has_context and has_carry and buffered:
+            # Inference: the few new rows go through `W_fc` in one product (its weight is read once per proposal).
+            fused = self.fuse_context(torch.cat([context_features, carry_features.to(context_features.device)], dim=1))
+            extra_rows = torch.cat([fused[:, :num_context], fused[:, num_context:] + self.carry_embedding], dim=1)
+        elif has_context and has_carry:
+            extra_rows = torch.cat([self.fuse_context(context_features), self.fuse_carry(carry_features)], dim=1)
+        elif has_context:
+            extra_rows = self.fuse_context(context_features)
+        elif has_carry:
+            extra_rows = self.fuse_carry(carry_features)
         if isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool and self.config._attn_implementation == "eager":
-            attention_mask = torch.zeros_like(attention_mask, dtype=hidden_states.dtype).masked_fill(
-                ~attention_mask, torch.finfo(hidden_states.dtype).min
-            )
+            from .training.masks import additive_mask  # the one boolean -> additive conversion (lazy: no cycle)
+
+            attention_mask = additive_mask(attention_mask, hidden_states.dtype)
 
         for layer in self.layers:
             hidden_states = layer(
                 hidden_states,
                 position_embeddings=position_embeddings,
-                context=context,
-                context_position_embeddings=context_pe,
-                carry=carry,
-                carry_position_embeddings=carry_pe,
+                extra_rows=extra_rows,
+                num_context=num_context,
                 attention_mask=attention_mask,
-                past_key_values=past_key_values if use_cache else None,
+                past_key_values=cache,
             )
+        if buffered:
+            cache.commit(num_context)
         return CarryoverDrafterOutput(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
 
 
-__all__ = ["CarryoverDrafterModel", "CarryoverDrafterPreTrainedModel", "CarryoverDrafterOutput"]
+__all__ = [
+    "CarryoverDrafterModel",
+    "CarryoverDrafterOutput",
+    "CarryoverDrafterPreTrainedModel",
+    "DraftHead",
+    "DrafterContextBuffer",
+    "Proposal",
+]

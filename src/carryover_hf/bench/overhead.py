@@ -1,9 +1,12 @@
 """Carry overhead in isolation: one proposal of the same drafter on the same recorded context, with and without carry.
 
 For each context length L the target runs once over a recorded token sequence; its states at positions `< L` fill the
-drafter's context cache, and its states at `L .. L+B-2` serve as the carry segment (B-1 rows, the most a round can
-carry). A timed proposal is what a decoding round does: the drafter forward over `[anchor, MASK x (B-1)]` plus the
-LM head and argmax over the proposal rows. Proposals with 0 and with B-1 carry rows alternate, so drift affects both.
+drafter's context buffer (the `DrafterContextBuffer` that `generate` uses), and its states at `L .. L+B-2` serve as
+the carry segment (B-1 rows, the most a round can carry). A timed proposal is what a greedy decoding round does: the
+drafter forward over `[anchor, MASK x (B-1)]` plus the greedy drafts (LM head and argmax over the proposal rows).
+Proposals with 0 and with B-1 carry rows alternate with a target 1-token step on the same L-token context (one
+forward with the LM head, on a `DynamicCache`, cropped back after each step), so drift affects all three and the
+proposal can be stated as a fraction of a target step measured in the same loop.
 """
 
 from __future__ import annotations
@@ -17,17 +20,14 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
-from ..features import gather_target_features, hidden_state_indices
-from ..modeling_carryover import CarryoverDrafterModel
+from ..features import embed_block_tokens, gather_target_features, hidden_state_indices
+from ..modeling_carryover import CarryoverDrafterModel, DrafterContextBuffer
+from ..utils import device_synchronizer
 from .stats import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, bootstrap_interval, mean, mean_difference
 
 
-def _sync(device: torch.device):
-    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-
 def _time_proposal(drafter, lm_head, block_embeds, block_positions, cache, carry, carry_positions, sync) -> float:
-    """Milliseconds of one proposal: drafter forward (context from `cache`, optional carry rows), LM head, argmax."""
+    """Milliseconds of one proposal: drafter forward (context from `cache`, optional carry rows) and greedy drafts."""
     sync()
     start = time.perf_counter()
     hidden = drafter(
@@ -41,6 +41,17 @@ def _time_proposal(drafter, lm_head, block_embeds, block_positions, cache, carry
     drafter.proposal_logits(hidden[:, 1:], lm_head).argmax(dim=-1)
     sync()
     return (time.perf_counter() - start) * 1000.0
+
+
+def _time_target_step(target, token, cache, sync) -> float:
+    """Milliseconds of one target forward over one token (LM head included) on top of `cache`, then cropped back."""
+    sync()
+    start = time.perf_counter()
+    target(token, past_key_values=cache, use_cache=True)
+    sync()
+    elapsed = (time.perf_counter() - start) * 1000.0
+    cache.crop(-1)
+    return elapsed
 
 
 @torch.no_grad()
@@ -77,23 +88,25 @@ def measure_carry_overhead(
     if limit is not None and needed + 1 > limit:
         raise ValueError(f"context length {max(context_lengths)} + block exceeds the target's {limit} positions")
 
-    device, sync = drafter.device, _sync(drafter.device)
+    device, sync = drafter.device, device_synchronizer(drafter.device)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     ids = token_ids[:, :needed].to(target.device)
     outputs = target(ids, output_hidden_states=hidden_state_indices(drafter.config.target_layer_ids))
     features = gather_target_features(outputs.hidden_states, drafter.config.target_layer_ids).to(device)
     del outputs
 
+    all_positions = torch.arange(needed + block_size, device=device).unsqueeze(0)
+
     def positions(start: int, length: int) -> torch.LongTensor:
-        return torch.arange(start, start + length, device=device).unsqueeze(0)
+        return all_positions[:, start : start + length]
 
     results = []
     bar = tqdm(total=len(context_lengths) * (repeats + warmup), desc="carry overhead", disable=not progress)
     for length in context_lengths:
-        cache = DynamicCache(config=drafter.config)
-        # Fill the context cache once, as the rounds before this one would have.
+        cache = DrafterContextBuffer(drafter, max_positions=length + block_size)
+        # Fill the context buffer once, as the rounds before this one would have.
         drafter(
-            block_embeds=embed(ids[:, :1]).to(device),
+            block_embeds=embed_block_tokens(embed, ids[:, :1]).to(device),
             block_position_ids=positions(length - 1, 1),
             context_features=features[:, :length],
             context_position_ids=positions(0, length),
@@ -102,26 +115,36 @@ def measure_carry_overhead(
         )
         block_ids = torch.full((1, block_size), drafter.config.mask_token_id, device=ids.device)
         block_ids[:, 0] = ids[:, length]
-        block_embeds = embed(block_ids).to(device)
+        block_embeds = embed_block_tokens(embed, block_ids).to(device)
         carry = features[:, length : length + num_carry]
+        target_cache = DynamicCache(config=target.config)
+        target(ids[:, :length], past_key_values=target_cache, use_cache=True)
+        token = ids[:, length : length + 1]
 
-        times = {False: [], True: []}
+        times = {False: [], True: [], "target": []}
         for step in range(warmup + repeats):
-            order = (False, True) if step % 2 == 0 else (True, False)
-            for with_carry in order:
-                elapsed = _time_proposal(
-                    drafter, lm_head, block_embeds, positions(length, block_size), cache,
-                    carry if with_carry else None, positions(length, num_carry) if with_carry else None, sync,
-                )
+            order = (False, True, "target") if step % 2 == 0 else ("target", True, False)
+            for what in order:
+                if what == "target":
+                    elapsed = _time_target_step(target, token, target_cache, sync)
+                else:
+                    elapsed = _time_proposal(
+                        drafter, lm_head, block_embeds, positions(length, block_size), cache,
+                        carry if what else None, positions(length, num_carry) if what else None, sync,
+                    )
                 if step >= warmup:
-                    times[with_carry].append(elapsed)
+                    times[what].append(elapsed)
             bar.update(1)
         if cache.get_seq_length() != length:  # proposals must never grow the context cache
             raise RuntimeError(f"context cache grew to {cache.get_seq_length()} rows during timing (expected {length})")
-        off, on = np.array(times[False]), np.array(times[True])
+        off, on, step_ms = np.array(times[False]), np.array(times[True]), np.array(times["target"])
         interval = {"n_resamples": n_resamples, "confidence": confidence, "seed": seed}
         difference = bootstrap_interval([on, off], mean_difference, **interval)
         relative = bootstrap_interval([on, off], lambda a, b, axis=-1: np.mean(a, axis) / np.mean(b, axis) - 1, **interval)
+        over_step = {
+            name: bootstrap_interval([x, step_ms], lambda a, b, axis=-1: np.mean(a, axis) / np.mean(b, axis), **interval).to_dict()
+            for name, x in (("proposal_without_carry_per_target_step", off), ("proposal_with_carry_per_target_step", on))
+        }
         results.append(
             {
                 "context_length": int(length),
@@ -132,8 +155,12 @@ def measure_carry_overhead(
                 "median_ms_with_carry": float(np.median(on)),
                 "overhead_ms": difference.to_dict(),
                 "overhead_relative": relative.to_dict(),
+                "target_step_ms": bootstrap_interval([step_ms], mean, **interval).to_dict(),
+                "median_target_step_ms": float(np.median(step_ms)),
+                **over_step,
                 "times_ms_without_carry": off.tolist(),
                 "times_ms_with_carry": on.tolist(),
+                "times_ms_target_step": step_ms.tolist(),
             }
         )
     bar.close()
@@ -143,7 +170,9 @@ def measure_carry_overhead(
         "warmup": warmup,
         "device": str(device),
         "dtype": str(drafter.dtype).removeprefix("torch."),
-        "what_is_timed": "drafter forward over one block + LM head + argmax over the B-1 proposal rows",
+        "what_is_timed": "proposal: drafter forward over one block on the generation context buffer + greedy drafts "
+        "(LM head + argmax over the B-1 proposal rows); target step: one target forward over one token on an L-token "
+        "cache (LM head included)",
         "by_context_length": results,
     }
 

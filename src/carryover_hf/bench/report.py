@@ -43,6 +43,12 @@ DEFINITIONS = {
     "drafting_ms_per_round": "time inside the candidate generator per round (drafter forward, picking tokens)",
     "verification_ms_per_round": "time from the candidates to the acceptance decision per round (target forward, "
     "acceptance, cache crop)",
+    "rest_ms_per_round": "the rest of the decoding loop per round: acceptance decision -> next proposal (streamer, "
+    "stopping criteria, bookkeeping; the last round ends at the end of generate)",
+    "target_step_ms": "the target's 1-token step in the same run: decode time / decode tokens of the target alone on "
+    "the same prompts",
+    "round_profile": "proposal, verification and rest of the loop per round, each also over the target's 1-token step "
+    "(ratios of pooled times, paired over the same prompts)",
     "intervals": "bootstrap over prompts (scipy.stats.bootstrap, BCa; percentile where BCa is undefined); comparisons "
     "resample the same prompts for both methods (paired)",
 }
@@ -59,6 +65,8 @@ def _arrays(runs: Sequence) -> dict[str, np.ndarray]:
         "total_time": np.array([r.total_time for r in runs], dtype=float),
         "drafting_ms": np.array([r.drafting_time for r in runs], dtype=float) * 1000,
         "verification_ms": np.array([r.verification_time for r in runs], dtype=float) * 1000,
+        "rest_ms": np.array([getattr(r, "rest_time", 0.0) for r in runs], dtype=float) * 1000,
+        "decode_ms": np.array([r.decode_time for r in runs], dtype=float) * 1000,
         "prefill_ms": np.array([r.prefill_time for r in runs], dtype=float) * 1000,
     }
 
@@ -85,6 +93,8 @@ def summarize(runs: Sequence, baseline: Sequence, speculative: bool, withheld: s
         out["verification_ms_per_round"] = stats.bootstrap_interval(
             [a["verification_ms"], a["rounds"]], stats.ratio_of_sums, **bootstrap
         ).to_dict()
+        out["rest_ms_per_round"] = stats.bootstrap_interval([a["rest_ms"], a["rounds"]], stats.ratio_of_sums, **bootstrap).to_dict()
+        out["round_profile"] = round_profile(a, b, **bootstrap)
         carry = [c for r in runs if r.carry_rows is not None for c in r.carry_rows]
         if any(r.carry_rows is not None for r in runs):
             out["mean_carry_rows"] = float(np.mean(carry)) if carry else 0.0
@@ -101,6 +111,17 @@ def summarize(runs: Sequence, baseline: Sequence, speculative: bool, withheld: s
     out["speedup"] = stats.bootstrap_interval(
         [a["decode_tokens"], a["decode_time"], b["decode_tokens"], b["decode_time"]], stats.ratio_of_rates, **bootstrap
     ).to_dict()
+    return out
+
+
+def round_profile(a: Mapping[str, np.ndarray], target: Mapping[str, np.ndarray], **bootstrap) -> dict:
+    """Per-round proposal / verification / rest times, each over the target's 1-token step on the same prompts."""
+    step = [target["decode_ms"], target["decode_tokens"]]
+    out = {"target_step_ms": stats.bootstrap_interval(step, stats.ratio_of_sums, **bootstrap).to_dict()}
+    for part, key in (("proposal", "drafting_ms"), ("verification", "verification_ms"), ("rest", "rest_ms")):
+        out[f"{part}_per_target_step"] = stats.bootstrap_interval(
+            [a[key], a["rounds"], *step], stats.ratio_of_rates, **bootstrap
+        ).to_dict()
     return out
 
 
@@ -351,6 +372,25 @@ def to_markdown(report: Mapping[str, Any]) -> str:
                 f"{withheld or _fmt(m.get('decode_tokens_per_second'), digits=1)} | {withheld or _fmt(m.get('speedup'), suffix='x')} | "
                 f"{_fmt(m.get('drafting_ms_per_round'))} | {_fmt(m.get('verification_ms_per_round'))} | {agreement} |"
             )
+        profiled = [(method, g[OVERALL]) for method, g in block["summary"].items() if "round_profile" in g[OVERALL]]
+        if profiled:
+            lines += [
+                "",
+                "### Round profile (per round; in parentheses: over the target's 1-token step in this run)",
+                "",
+                "| method | drafts/round | proposal ms | verification ms | rest of loop ms | target 1-token step ms |",
+                "| --- | --- | --- | --- | --- | --- |",
+            ]
+            for method, m in profiled:
+                profile = m["round_profile"]
+                cells = [
+                    f"{_fmt(m.get(key))} ({_fmt(profile[part + '_per_target_step'], digits=3, suffix='x')})"
+                    for key, part in (("drafting_ms_per_round", "proposal"), ("verification_ms_per_round", "verification"),
+                                      ("rest_ms_per_round", "rest"))
+                ]
+                drafts = m.get("drafts_per_round")
+                lines.append(f"| {method} | {'–' if drafts is None else f'{drafts:.2f}'} | " + " | ".join(cells)
+                             + f" | {_fmt(profile['target_step_ms'])} |")
         groups = report["groups"]
         if len(groups) > 1:
             for title, key, suffix in (("Speedup by category", "speedup", "x"), ("tau (micro) by category", "acceptance_length_micro", "")):
@@ -380,17 +420,21 @@ def to_markdown(report: Mapping[str, Any]) -> str:
             "",
             "## Carry overhead in isolation",
             "",
-            "One proposal (drafter forward + LM head + argmax) on the same recorded context, with 0 and with B-1 carry rows.",
+            "One proposal (drafter forward + LM head + argmax) on the same recorded context, with 0 and with B-1 carry rows, "
+            "alternating with a target 1-token step (one forward, LM head included) on the same context.",
             "",
-            "| drafter | context | ms, no carry | ms, B-1 carry rows | overhead ms | overhead |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "| drafter | context | ms, no carry | ms, B-1 carry rows | overhead ms | overhead | target step ms | "
+            "proposal / target step |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for name, result in report["overhead"].items():
             for row in result["by_context_length"]:
                 lines.append(
                     f"| {name} | {row['context_length']} | {_fmt(row['ms_without_carry'], digits=3)} | "
                     f"{_fmt(row['ms_with_carry'], digits=3)} | {_fmt(row['overhead_ms'], digits=3)} | "
-                    f"{_fmt(row['overhead_relative'], scale=100, digits=1, suffix='%')} |"
+                    f"{_fmt(row['overhead_relative'], scale=100, digits=1, suffix='%')} | "
+                    f"{_fmt(row.get('target_step_ms'), digits=2)} | "
+                    f"{_fmt(row.get('proposal_without_carry_per_target_step'), scale=100, digits=1, suffix='%')} |"
                 )
     lines += ["", "## Correctness", ""]
     if correctness["checked"]:

@@ -14,6 +14,7 @@ method alike.
 
 from __future__ import annotations
 
+import copy
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -27,8 +28,9 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.streamers import BaseStreamer
 
 from ..compatibility import check_compatibility
-from ..modeling_carryover import CarryoverDrafterModel
 from ..hub.native import NativeDFlashUnavailable, to_native_dflash
+from ..modeling_carryover import CarryoverDrafterModel
+from ..utils import device_synchronizer, pad_token_id
 from .prompts import Prompt, encode_prompt
 
 GLOBAL_METHODS = ("target", "prompt_lookup")
@@ -68,6 +70,12 @@ class BenchmarkSettings:
         metadata={"help": "Extra paired comparisons 'A,B' of method names (A minus B); defaults cover carry on vs off, "
                   "off vs native DFlash, and drafters against each other."},
     )
+    draft_confidence_thresholds: list[float] = field(
+        default_factory=list,
+        metadata={"help": "Also run each Carryover method with these adaptive-length thresholds (drafter methods "
+                  "'<kind>@<threshold>': a proposal ends at the first draft below the threshold); the plain methods "
+                  "always run with the threshold off."},
+    )
     overhead: bool = field(default=True, metadata={"help": "Measure the carry overhead of each drafter in isolation."})
     overhead_context_lengths: list[int] = field(
         default_factory=lambda: [128, 512, 2048], metadata={"help": "Context lengths of the overhead measurement."}
@@ -97,6 +105,9 @@ class BenchmarkSettings:
             raise ValueError(f"overhead_context_lengths must be positive, got {self.overhead_context_lengths}")
         if self.overhead and self.overhead_repeats < 2:
             raise ValueError(f"overhead_repeats must be at least 2, got {self.overhead_repeats}")
+        bad = [t for t in self.draft_confidence_thresholds if not 0 < t <= 1]
+        if bad:
+            raise ValueError(f"draft_confidence_thresholds must lie in (0, 1], got {bad}")
         for pair in self.compare:
             if len(pair.split(",")) != 2:
                 raise ValueError(f"--compare takes 'A,B' (two method names), got {pair!r}")
@@ -111,25 +122,30 @@ class Method:
     drafter_name: str | None = None
     assistant: PreTrainedModel | None = None
     use_carryover: bool | None = None
+    confidence_threshold: float | None = None
 
     @property
     def speculative(self) -> bool:
         return self.kind != "target"
 
-    def generate_kwargs(self, settings: BenchmarkSettings) -> dict[str, Any]:
+    def generation_options(self, settings: BenchmarkSettings) -> dict[str, Any]:
+        """`GenerationConfig` fields of this method (Carryover's per-call options included: the drafter's own config
+        is never changed between methods)."""
         if self.kind == "prompt_lookup":
             return {
                 "prompt_lookup_num_tokens": settings.prompt_lookup_num_tokens,
                 "max_matching_ngram_size": settings.max_matching_ngram_size,
             }
         if self.kind == "dflash_native":
-            return {"assistant_model": self.assistant, "speculation_type": "dflash"}
+            return {"speculation_type": "dflash"}
         if self.kind in ("carry_off", "carry_on"):
-            return {"assistant_model": self.assistant}
+            # 0 turns the adaptive length off whatever the drafter's config says.
+            return {"use_carryover": bool(self.use_carryover), "draft_confidence_threshold": self.confidence_threshold or 0.0}
         return {}
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "drafter": self.drafter_name, "use_carryover": self.use_carryover}
+        return {"name": self.name, "kind": self.kind, "drafter": self.drafter_name, "use_carryover": self.use_carryover,
+                "draft_confidence_threshold": self.confidence_threshold}
 
 
 @dataclass
@@ -151,6 +167,7 @@ class PromptRun:
     draft_lengths: list[int] = field(default_factory=list)
     drafting_time: float = 0.0
     verification_time: float = 0.0
+    rest_time: float = 0.0  # the rest of the decoding loop: acceptance decision -> next proposal (or the end)
     carry_rows: list[int] | None = None
     check: dict[str, Any] | None = None  # greedy gate result (speculative methods at T=0)
 
@@ -159,10 +176,6 @@ class PromptRun:
 
 
 # -- observing a generate call -----------------------------------------------------------------------------------
-def _synchronizer(device: torch.device) -> Callable[[], None]:
-    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-
 class _TokenClock(BaseStreamer):
     """Streamer recording when each batch of tokens arrives: the prompt first, then one batch per target forward."""
 
@@ -179,12 +192,18 @@ class _TokenClock(BaseStreamer):
 
 
 class _RoundRecorder(CandidateGenerator):
-    """Delegates to Transformers' chosen candidate generator and logs drafts, acceptances and times of each round."""
+    """Delegates to Transformers' chosen candidate generator and logs drafts, acceptances and times of each round.
+
+    A round is: proposal (inside `get_candidates`), verification (candidates -> `update_candidate_strategy`: target
+    forward, acceptance, cache crop) and the rest of the loop (from there to the next `get_candidates`, or to the end
+    of `generate` for the last round: streamer, stopping criteria, bookkeeping).
+    """
 
     def __init__(self, inner: CandidateGenerator, sync: Callable[[], None]):
         self.inner, self.sync = inner, sync
         self.rounds: list[dict[str, float]] = []
         self._pending: dict[str, float] | None = None
+        self._verified_at: float | None = None
 
     @property
     def requires_model_outputs(self) -> bool:  # type: ignore[override]
@@ -197,6 +216,7 @@ class _RoundRecorder(CandidateGenerator):
     def get_candidates(self, input_ids: torch.LongTensor, *args, **kwargs):
         self.sync()
         start = time.perf_counter()
+        self.close_round(start)
         candidates, logits = self.inner.get_candidates(input_ids, *args, **kwargs)
         self.sync()
         end = time.perf_counter()
@@ -206,18 +226,18 @@ class _RoundRecorder(CandidateGenerator):
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
         self.sync()
         pending, self._pending = self._pending, None
-        pending["verification"] = time.perf_counter() - pending.pop("verify_start")
+        self._verified_at = time.perf_counter()
+        pending["verification"] = self._verified_at - pending.pop("verify_start")
         pending["accepted"] = int(num_matches)
+        pending["rest"] = 0.0
         self.rounds.append(pending)
         self.inner.update_candidate_strategy(input_ids, scores, num_matches)
 
-
-def _pad_token_id(target: PreTrainedModel) -> int:
-    config = target.generation_config
-    if config.pad_token_id is not None:
-        return config.pad_token_id
-    eos = config.eos_token_id
-    return (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
+    def close_round(self, now: float) -> None:
+        """The rest of the loop after the last acceptance decision ends at `now`."""
+        if self._verified_at is not None and self.rounds:
+            self.rounds[-1]["rest"] = now - self._verified_at
+        self._verified_at = None
 
 
 def sampling_kwargs(temperature: float) -> dict[str, Any]:
@@ -238,7 +258,7 @@ def run_method(
     max_new_tokens: int | None = None,
 ) -> tuple[torch.LongTensor, dict[str, Any]]:
     """One `generate` call, timed and observed. Returns the new tokens and the raw measurements."""
-    sync = _synchronizer(target.device)
+    sync = device_synchronizer(target.device)
     clock = _TokenClock(sync)
     recorder: _RoundRecorder | None = None
     if method.speculative:
@@ -251,10 +271,17 @@ def run_method(
 
         target._get_candidate_generator = types.MethodType(observed, target)
     drafter = method.assistant if isinstance(method.assistant, CarryoverDrafterModel) else None
-    previous_carry = drafter.config.use_carryover if drafter is not None else None
+    # Every option of this method travels in the call's own generation config; nothing on the models is changed.
+    generation_config = copy.deepcopy(target.generation_config)
+    unused = generation_config.update(
+        max_new_tokens=max_new_tokens or settings.max_new_tokens,
+        pad_token_id=pad_token_id(target.generation_config, fallback=0),
+        **sampling_kwargs(temperature),
+    )
+    for name, value in {**unused, **method.generation_options(settings)}.items():
+        setattr(generation_config, name, value)
+    assistant = {"assistant_model": method.assistant} if method.assistant is not None else {}
     try:
-        if drafter is not None:
-            drafter.config.use_carryover = bool(method.use_carryover)
         set_seed(seed)
         input_ids = input_ids.to(target.device)
         sync()
@@ -262,23 +289,21 @@ def run_method(
         output = target.generate(
             input_ids,
             attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens or settings.max_new_tokens,
-            pad_token_id=_pad_token_id(target),
+            generation_config=generation_config,
             streamer=clock,
-            **sampling_kwargs(temperature),
-            **method.generate_kwargs(settings),
+            **assistant,
         )
         sync()
         total = time.perf_counter() - start
     finally:
         if method.speculative:
             del target._get_candidate_generator
-        if drafter is not None:
-            drafter.config.use_carryover = previous_carry
     new_tokens = output[0, input_ids.shape[1] :].cpu()
     if len(clock.times) < 2 or clock.end_time is None:
         raise RuntimeError(f"{method.name}: the streamer saw no generated tokens; cannot time this run")
     end = clock.end_time
+    if recorder is not None:
+        recorder.close_round(end)
     rounds = recorder.rounds[1:] if recorder is not None else []  # round 0 is the prefill forward
     measured = {
         "total_time": total,
@@ -290,6 +315,7 @@ def run_method(
         "draft_lengths": [r["drafts"] for r in rounds],
         "drafting_time": sum(r["drafting"] for r in rounds),
         "verification_time": sum(r["verification"] for r in rounds),
+        "rest_time": sum(r["rest"] for r in rounds),
         "carry_rows": list(drafter.last_generation_stats.carry_rows) if drafter is not None else None,
     }
     if method.speculative and recorder is None:
@@ -369,6 +395,8 @@ def build_methods(
         for kind, carry in (("carry_off", False), ("carry_on", True)):
             if kind in settings.methods:
                 methods.append(Method(f"{name}/{kind}", kind, name, drafter, carry))
+                for threshold in settings.draft_confidence_thresholds:
+                    methods.append(Method(f"{name}/{kind}@{threshold:g}", kind, name, drafter, carry, float(threshold)))
     return methods, skipped
 
 
@@ -378,6 +406,8 @@ def default_comparisons(methods: Sequence[Method], drafter_names: Sequence[str])
     pairs = []
     for d in drafter_names:
         pairs += [(f"{d}/carry_on", f"{d}/carry_off"), (f"{d}/carry_off", f"{d}/dflash_native")]
+        # Adaptive proposal length against the same method with the full block.
+        pairs += [(m.name, m.name.split("@")[0]) for m in methods if m.drafter_name == d and m.confidence_threshold]
     for i, later in enumerate(drafter_names):
         for earlier in drafter_names[:i]:
             pairs += [(f"{later}/carry_on", f"{earlier}/carry_off"), (f"{later}/carry_on", f"{earlier}/carry_on")]
