@@ -13,6 +13,7 @@ import tempfile
 import time
 
 import torch
+from transformers import GenerationConfig
 
 import carryover_hf  # noqa: F401  (registers the drafter and routes generate() to it)
 from carryover_hf import CarryoverDrafterConfig, CarryoverDrafterModel
@@ -35,9 +36,9 @@ def train(drafter, target, data, objective: str, steps: int, output_dir: str) ->
 
 def generate_and_time(target, prompt, drafter=None):
     start = time.perf_counter()
-    output = target.generate(
-        prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter, max_new_tokens=RESPONSE, do_sample=False
-    )
+    # carryover_timing: the drafter's statistics record drafting / verification times (off by default).
+    config = GenerationConfig(max_new_tokens=RESPONSE, do_sample=False, carryover_timing=True)
+    output = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter, generation_config=config)
     return output, time.perf_counter() - start
 
 

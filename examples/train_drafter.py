@@ -23,6 +23,7 @@ import os
 import time
 
 import torch
+from transformers import GenerationConfig
 
 import carryover_hf  # noqa: F401  (registers the drafter; hooks generate)
 from carryover_hf import CarryoverDrafterConfig, CarryoverDrafterModel
@@ -84,13 +85,13 @@ def train(drafter, target, rows, output_dir: str, objective: str, epochs: float,
 @torch.no_grad()
 def acceptance(target, drafter, prompts, max_new_tokens: int, use_carryover: bool) -> dict:
     drafter.eval()
-    drafter.config.use_carryover = use_carryover
+    # Carry on or off per call (the drafter's config stays as saved).
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0, use_carryover=use_carryover)
     lengths, carried, seconds = [], [], 0.0
     for prompt in prompts:
         ids = torch.tensor([prompt])
         start = time.perf_counter()
-        target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, do_sample=False,
-                        max_new_tokens=max_new_tokens, pad_token_id=0)  # fmt: skip
+        target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, generation_config=config)
         seconds += time.perf_counter() - start
         stats = drafter.last_generation_stats
         lengths += stats.acceptance_lengths
