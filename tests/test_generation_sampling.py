@@ -151,3 +151,22 @@ def test_chi_square_detects_a_misreported_draft_distribution(target, monkeypatch
     samples, _ = sample_with_drafter(target, drafter, SETTINGS["temperature"])
     with pytest.raises(AssertionError, match="deviate"):
         assert_matches(samples, exact_distribution(target, SETTINGS["temperature"]))
+
+
+def test_chi_square_detects_a_cut_at_the_sampled_token(target, monkeypatch):
+    """Negative control for the adaptive length: cutting at the first draft whose *sampled* token is unlikely (instead
+    of the row's top probability) changes which tokens can be proposed, and the test sees the bias."""
+
+    def cut_at_sampled_token(self, input_ids, candidate_ids, candidate_logits):
+        drafts = candidate_ids[:, input_ids.shape[1] :]
+        log_p = candidate_logits.gather(-1, drafts[..., None]).squeeze(-1) - torch.logsumexp(candidate_logits, -1)
+        low = (log_p[0] < torch.log(torch.tensor(self.confidence_threshold))).nonzero()
+        keep = int(low[0, 0]) if low.numel() else drafts.shape[1]
+        return candidate_ids[:, : input_ids.shape[1] + keep], candidate_logits[:, :keep]
+
+    monkeypatch.setattr(CarryoverCandidateGenerator, "_cut_at_low_confidence", cut_at_sampled_token)
+    drafter = tiny_drafter(target, block_size=4, seed=12)
+    drafter.config.draft_confidence_threshold = 0.125
+    samples, _ = sample_with_drafter(target, drafter, SETTINGS["temperature"])
+    with pytest.raises(AssertionError, match="deviate"):
+        assert_matches(samples, exact_distribution(target, SETTINGS["temperature"]))

@@ -227,8 +227,8 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         Confidence = the probability of the row's most likely token under the distribution its draft was drawn
         from (the returned candidate logits). Greedy drafts are that token, so this is the drafted token's
         probability. Under sampling the rule must not look at the sampled token itself: dropping a draft because
-        *it* came out unlikely would change which tokens get proposed and bias the output (the chi-square test in
-        tests/test_generation_sampling.py rejects that variant at p ~ 1e-32); the top probability of row j depends
+        *it* came out unlikely would change which tokens get proposed and bias the output (tests/test_generation_sampling.py
+        shows the chi-square test rejecting that variant); the top probability of row j depends
         only on the drafts before it, so the proposal length stays a stopping time and verification keeps the target's
         distribution exactly.
         """
