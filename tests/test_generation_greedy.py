@@ -123,3 +123,36 @@ def test_greedy_output_is_identical_with_adaptive_proposal_length(targets, thres
     assert cut > 0 and zero > 0, (cut, zero)
     if threshold <= 0.25:
         assert full > 0, "some proposals should pass the threshold in full"
+
+
+@pytest.mark.parametrize("kind", ["dflash", "markov"])
+def test_row_one_first_drafts_what_one_call_drafts(targets, kind, monkeypatch):
+    """With a threshold the first row is drafted alone, then the rest; when nothing is cut the candidates (tokens and
+    logits, after a prefix-dependent processor) are those of one call over all rows."""
+    from transformers import GenerationConfig
+
+    from carryover_hf.generation import CarryoverCandidateGenerator
+
+    seen = []
+    original = CarryoverCandidateGenerator.get_candidates
+
+    def recording(self, *args, **kwargs):
+        ids, logits = original(self, *args, **kwargs)
+        seen.append((ids.clone(), None if logits is None else logits.clone()))
+        return ids, logits
+
+    monkeypatch.setattr(CarryoverCandidateGenerator, "get_candidates", recording)
+    target = targets["llama"][1]
+    drafter = tiny_drafter(target, block_size=6, drafter_type=kind, seed=4)
+    runs = []
+    for threshold in (None, 1e-9):  # 1e-9 never cuts
+        seen.clear()
+        config = GenerationConfig(max_new_tokens=16, do_sample=False, repetition_penalty=1.3, output_logits=False,
+                                  draft_confidence_threshold=threshold)
+        target.generate(_prompt(5), assistant_model=drafter, generation_config=config)
+        runs.append(list(seen))
+    assert len(runs[0]) == len(runs[1]) > 2
+    for (ids_a, logits_a), (ids_b, logits_b) in zip(*runs):
+        assert torch.equal(ids_a, ids_b)
+        if logits_a is not None:
+            torch.testing.assert_close(logits_b, logits_a, atol=1e-5, rtol=0)

@@ -208,9 +208,11 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             past_key_values=self.context_cache,
             use_cache=True,
         )
-        candidate_ids, candidate_logits = self._pick_tokens(input_ids, output.last_hidden_state[:, 1 : 1 + num_drafts])
-        if self.confidence_threshold is not None:
-            candidate_ids, candidate_logits = self._cut_at_low_confidence(input_ids, candidate_ids, candidate_logits)
+        block_states = output.last_hidden_state[:, 1 : 1 + num_drafts]
+        if self.confidence_threshold is None:
+            candidate_ids, candidate_logits = self._pick_tokens(input_ids, block_states)
+        else:
+            candidate_ids, candidate_logits = self._pick_while_confident(input_ids, block_states)
         num_drafts = candidate_ids.shape[1] - input_ids.shape[1]
         self.stats.draft_lengths.append(num_drafts)
         self.stats.drafting_time += self._lap()
@@ -218,6 +220,23 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             # Nothing confident enough: Transformers runs a plain target step (its own distribution at T > 0).
             return input_ids, None
         return candidate_ids, candidate_logits
+
+    def _pick_while_confident(
+        self, input_ids: torch.LongTensor, block_states: torch.Tensor
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """Drafts under `draft_confidence_threshold`: the first row alone, then (if it is confident) the others.
+
+        The LM head dominates a proposal on CPU, and a weak drafter's proposals mostly end at row 1, so row 1 is
+        drafted first and rows 2.. only when it passes. The second call continues from the first draft (it is the
+        anchor and the end of the prefix), so the drafts and their distributions are those of one call over all rows.
+        """
+        candidate_ids, candidate_logits = self._pick_tokens(input_ids, block_states[:, :1])
+        candidate_ids, candidate_logits = self._cut_at_low_confidence(input_ids, candidate_ids, candidate_logits)
+        if candidate_ids.shape[1] == input_ids.shape[1] or block_states.shape[1] == 1:
+            return candidate_ids, candidate_logits
+        rest_ids, rest_logits = self._pick_tokens(candidate_ids, block_states[:, 1:])
+        candidate_logits = torch.cat([candidate_logits, rest_logits.to(candidate_logits.device)], dim=1)
+        return self._cut_at_low_confidence(input_ids, rest_ids, candidate_logits)
 
     def _cut_at_low_confidence(
         self, input_ids: torch.LongTensor, candidate_ids: torch.LongTensor, candidate_logits: torch.Tensor
