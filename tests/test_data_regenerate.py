@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
 
 from carryover_hf.data import regenerate as regen
 from carryover_hf.data.chat import first_prompt_ids, tiny_chat_tokenizer
@@ -40,33 +39,32 @@ def tokenizer():
     return tiny_chat_tokenizer()
 
 
-class _EosAfter(LogitsProcessor):
-    """Forces EOS once a row has generated `lengths[row % len(lengths)]` tokens (varied response lengths)."""
+def _stop_by_position(target, eos: int, period: int = 4):
+    """Makes `target` emit EOS whenever the token it predicts lands on a position that is a multiple of
+    `period` (a random model alone never stops). The rule depends only on a row's own length, so responses get
+    varied lengths (1 to `period` tokens) that are the same under `generate` and batched decoding."""
+    forward = target.forward
 
-    def __init__(self, prompt_width: int, eos: int, lengths: list[int]):
-        self.prompt_width, self.eos, self.lengths = prompt_width, eos, lengths
+    def stopping_forward(input_ids=None, attention_mask=None, past_key_values=None, **kwargs):
+        if attention_mask is not None:  # tokens seen so far = position of the predicted token
+            next_position = attention_mask.sum(-1)
+        else:  # no padding (`generate` on one row may pass no mask)
+            seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+            next_position = torch.full((input_ids.shape[0],), seen + input_ids.shape[1])
+        output = forward(input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
+        stop = (next_position % period == 0).to(output.logits.device)
+        output.logits[stop, -1, :] = -torch.inf
+        output.logits[stop, -1, eos] = 0.0
+        return output
 
-    def __call__(self, input_ids, scores):
-        generated = input_ids.shape[1] - self.prompt_width
-        for row in range(scores.shape[0]):
-            if generated >= self.lengths[row % len(self.lengths)]:
-                scores[row] = -torch.inf
-                scores[row, self.eos] = 0.0
-        return scores
+    target.forward = stopping_forward
+    return target
 
 
 @pytest.fixture()
 def model(tokenizer):
-    """A tiny target whose responses end with EOS after 2, 5 or 3 tokens (the random model alone never stops)."""
-    target = tiny_target(vocab_size=len(tokenizer))
-    original = target.generate
-
-    def generate(input_ids=None, **kwargs):
-        processor = _EosAfter(input_ids.shape[1], tokenizer.eos_token_id, [2, 5, 3])
-        return original(input_ids=input_ids, logits_processor=LogitsProcessorList([processor]), **kwargs)
-
-    target.generate = generate
-    return target
+    """A tiny target whose responses end with EOS after 1 to 4 tokens, depending on the context length."""
+    return _stop_by_position(tiny_target(vocab_size=len(tokenizer)), tokenizer.eos_token_id)
 
 
 def _config(tmp_path, prompts_dir, **overrides) -> RegenerationConfig:
@@ -200,3 +198,131 @@ def test_cli_on_a_local_target_folder(tmp_path, prompts_dir, tokenizer, capsys):
     assert sorted(rows["category"]) == ["qa", "qa", "writing", "writing"]
     assert json.loads(rows[0]["generation"])["temperature"] == 0.8
     assert regen.main(argv[:-2] + ["--batch_size", "0"]) == 2
+
+
+def _turn_spans(row) -> list[tuple[int, int]]:
+    """(start, end) of each generated span (loss mask 1) of a row."""
+    spans, start = [], None
+    for i, m in enumerate(row["loss_mask"] + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def _check_against_plain_generate(target, tokenizer, rows, max_new_tokens: int, max_length: int) -> int:
+    """Every generated turn of every row equals `target.generate` on that turn's context alone (batch 1, greedy),
+    token for token. Returns the number of turns checked."""
+    checked = 0
+    for row in rows:
+        ids = row["input_ids"]
+        for start, end in _turn_spans(row):
+            context = torch.tensor([ids[:start]])
+            budget = min(max_new_tokens, max_length - start)
+            with torch.inference_mode():
+                output = target.generate(context, attention_mask=torch.ones_like(context), do_sample=False,
+                                         max_new_tokens=budget, eos_token_id=tokenizer.eos_token_id,
+                                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+            assert ids[start:end] == output[0, start:].tolist(), (row["id"], start)
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("batch_size,prefill_tokens", [(1, 4096), (2, 4096), (3, 4096), (16, 4096), (16, 100)])
+def test_rows_equal_plain_greedy_generate_token_for_token(tmp_path, prompts_dir, tokenizer, batch_size,
+                                                          prefill_tokens, monkeypatch):  # fmt: skip
+    monkeypatch.setattr(regen, "PREFILL_TOKENS", prefill_tokens)  # 100: prefill in several groups, then stacked
+    # Responses of 1-6 tokens (EOS by position) and a budget of 5: some rows stop early, some hit the budget, so
+    # rows leave the batch and are refilled at different steps, and chunks overlap.
+    target = _stop_by_position(tiny_target(vocab_size=len(tokenizer)), tokenizer.eos_token_id, period=6)
+    config = _config(tmp_path, prompts_dir, batch_size=batch_size, max_new_tokens=5)
+    summary = regenerate(config, model=target, tokenizer=tokenizer, show_progress=False)
+    rows = load_regenerated(config.output).to_list()
+    assert summary["rows"] == 15 and 0 < summary["unfinished"] < 15
+    assert _check_against_plain_generate(target, tokenizer, rows, 5, config.max_length) > 15  # mt_bench: 2 turns
+
+
+def test_rows_equal_plain_generate_when_length_limits_differ_per_row(tmp_path, prompts_dir, tokenizer):
+    target = tiny_target(vocab_size=len(tokenizer))  # never stops: each row runs to its own max_length budget
+    lengths = sorted(len(first_prompt_ids(tokenizer, r["turns"], r["system"]))
+                     for r in regen.ordered_prompts(_config(tmp_path, prompts_dir)))  # fmt: skip
+    max_length = lengths[-1] + 3
+    config = _config(tmp_path, prompts_dir, batch_size=4, max_new_tokens=64, max_length=max_length)
+    regenerate(config, model=target, tokenizer=tokenizer, show_progress=False)
+    rows = load_regenerated(config.output).to_list()
+    assert len({len(row["input_ids"]) - row["num_response_tokens"] for row in rows}) >= 3  # varied budgets
+    assert all(len(row["input_ids"]) == max_length for row in rows)
+    _check_against_plain_generate(target, tokenizer, rows, 64, max_length)
+
+
+@pytest.mark.slow
+def test_real_target_rows_equal_plain_greedy_generate(tmp_path):
+    """SmolLM2-135M, float32: regenerated turns (batched, compacted, refilled) equal batch-1 `generate`."""
+    from carryover_hf.targets import load_target
+
+    target, tokenizer = load_target("smollm2-135m", dtype="float32")
+    config = RegenerationConfig(output=str(tmp_path / "run"), limit_per_category=1, batch_size=4, chunk_size=5,
+                                max_new_tokens=48, max_length=2048)  # fmt: skip
+    regenerate(config, model=target, tokenizer=tokenizer, show_progress=False)
+    rows = load_regenerated(config.output).to_list()
+    assert len(rows) == 9
+    assert _check_against_plain_generate(target, tokenizer, rows, 48, 2048) >= 9
+
+
+@pytest.mark.parametrize("decoder", ["generate", "generate-static"])
+def test_generate_decoders_give_the_same_rows(tmp_path, prompts_dir, tokenizer, decoder):
+    target = tiny_target(vocab_size=len(tokenizer))
+    if decoder == "generate":  # (the stop rule reads 2D attention masks; the static cache passes others)
+        target = _stop_by_position(target, tokenizer.eos_token_id, period=6)
+    reference = _config(tmp_path, prompts_dir, output=str(tmp_path / "refill"), batch_size=3, max_new_tokens=5)
+    regenerate(reference, model=target, tokenizer=tokenizer, show_progress=False)
+    config = _config(tmp_path, prompts_dir, batch_size=3, max_new_tokens=5, decoder=decoder)
+    regenerate(config, model=target, tokenizer=tokenizer, show_progress=False)
+    assert load_regenerated(config.output).to_list() == load_regenerated(reference.output).to_list()
+    stats = json.loads((Path(config.output) / regen.DATA_DIR / "chunk-00000.json").read_text())
+    assert stats["decoder"] == decoder
+    with pytest.raises(RegenerationError, match="--decoder must be one of"):
+        regenerate(_config(tmp_path, prompts_dir, decoder="beam"))
+
+
+def test_several_runs_load_in_order_memory_mapped(tmp_path, prompts_dir, model, tokenizer):
+    from carryover_hf.training.cli import load_rows
+
+    first = _config(tmp_path, prompts_dir, output=str(tmp_path / "a"), categories=["writing", "qa"])
+    second = _config(tmp_path, prompts_dir, output=str(tmp_path / "b"), categories=["mt_bench"], max_chunks=1)
+    for config in (first, second):
+        regenerate(config, model=model, tokenizer=tokenizer, show_progress=False)
+    expected = list(load_regenerated(first.output)["id"]) + list(load_regenerated(second.output)["id"])
+    assert len(expected) == 10 + 4
+    for given in ([first.output, second.output], f"{first.output},{second.output}"):
+        rows = load_regenerated(given)
+        assert list(rows["id"]) == expected
+        # Backed by one Arrow file per chunk (memory-mapped), not by tables in memory.
+        assert len(rows.cache_files) == 3 + 1
+    rows = load_rows(f"{first.output},{second.output}")
+    assert list(rows["id"]) == expected
+    assert rows[len(rows) - 1]["input_ids"] == load_regenerated(second.output)[-1]["input_ids"]
+    assert list(load_rows(first.output)["id"]) == expected[:10]  # one folder, as before
+
+
+def test_several_runs_bad_input_is_refused(tmp_path, prompts_dir, model, tokenizer):
+    config = _config(tmp_path, prompts_dir, max_chunks=1)
+    regenerate(config, model=model, tokenizer=tokenizer, show_progress=False)
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ValueError, match="plain is not a regeneration run folder"):
+        load_regenerated([config.output, str(tmp_path / "plain")])
+    with pytest.raises(ValueError, match="the same run folder is given twice"):
+        load_regenerated(f"{config.output},{config.output}/")
+    other = tmp_path / "other"
+    other.mkdir()
+    state = json.loads((Path(config.output) / regen.STATE_FILE).read_text())
+    state["identity"]["target"] = "another-target"
+    (other / regen.STATE_FILE).write_text(json.dumps(state))
+    with pytest.raises(ValueError, match="different targets"):
+        load_regenerated([config.output, other])
+    with pytest.raises(FileNotFoundError, match="no finished chunks"):
+        state["identity"]["target"] = config.target
+        (other / regen.STATE_FILE).write_text(json.dumps(state))
+        load_regenerated([config.output, other])

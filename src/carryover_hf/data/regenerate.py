@@ -28,6 +28,9 @@ from pathlib import Path
 from .suites import CATEGORIES, PROMPTS_DIR, load_prompts
 
 STATE_FILE = "regeneration.json"
+# How rows were decoded (recorded per chunk): in-place KV cache, finished rows compacted out, freed slots refilled.
+DECODER = "refill-v1"
+PREFILL_TOKENS = 4096  # most padded tokens per prefill forward
 DATA_DIR = "data"
 # Settings that change what a chunk contains: a resumed run must use the same ones.
 IDENTITY_FIELDS = (
@@ -47,7 +50,7 @@ class RegenerationConfig:
     split: str = field(default="train", metadata={"help": "train or eval"})
     categories: list[str] = field(default_factory=lambda: list(CATEGORIES), metadata={"help": "categories to use"})
     limit_per_category: int | None = field(default=None, metadata={"help": "use only the first N prompts of each"})
-    batch_size: int = field(default=8, metadata={"help": "prompts generated together"})
+    batch_size: int = field(default=64, metadata={"help": "rows decoded together (refill keeps the batch full)"})
     chunk_size: int = field(default=64, metadata={"help": "prompts per resumable chunk file"})
     max_new_tokens: int = field(default=768, metadata={"help": "most tokens generated per assistant turn"})
     max_length: int = field(default=2048, metadata={"help": "most tokens per row (prompt and all turns)"})
@@ -59,6 +62,10 @@ class RegenerationConfig:
     drop_unfinished: bool = field(default=False, metadata={"help": "drop rows whose response hit a length limit"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)"})
     max_chunks: int | None = field(default=None, metadata={"help": "stop after this many new chunks (for slicing runs)"})
+    decoder: str = field(default="refill", metadata={
+        "help": "refill: own decode loop (in-place KV cache, finished rows leave, freed slots refilled; fastest "
+                "on CPU); generate / generate-static: static batches through model.generate (dynamic / static "
+                "cache)"})  # fmt: skip
 
     def identity(self) -> dict:
         return {key: getattr(self, key) for key in IDENTITY_FIELDS}
@@ -100,6 +107,8 @@ def _check_config(config: RegenerationConfig) -> None:
         problems.append(f"--split must be train or eval, got {config.split!r}")
     if config.dtype not in ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16"):
         problems.append(f"--dtype must be float32 or bfloat16, got {config.dtype!r}")
+    if config.decoder not in DECODERS:
+        problems.append(f"--decoder must be one of {list(DECODERS)}, got {config.decoder!r}")
     for name in ("batch_size", "chunk_size", "max_new_tokens", "max_length"):
         if getattr(config, name) < 1:
             problems.append(f"--{name} must be positive")
@@ -184,101 +193,414 @@ def _stop_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-class _Generator:
-    """Batched generation of one assistant turn for several conversations (left padding)."""
+def _stop_and_pad_ids(model, tokenizer) -> tuple[set[int], int]:
+    stop_ids = _stop_ids(model, tokenizer)
+    if not stop_ids:
+        raise RegenerationError("the target defines no EOS token; cannot tell where a response ends")
+    return stop_ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids)
+
+
+def _left_padded(contexts: list[list[int]], pad_id: int):
+    """`input_ids` and `attention_mask` of contexts, left-padded to the longest."""
+    import torch
+
+    width = max(map(len, contexts))
+    input_ids = torch.full((len(contexts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for row, ids in enumerate(contexts):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        mask[row, width - len(ids) :] = 1
+    return input_ids, mask
+
+
+def _kv_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class RoomyLayer(DynamicLayer):
+        """A KV cache layer that appends in place into preallocated room, instead of concatenating the whole cache
+        at every step, and can drop rows (finished sequences) and leading columns that only hold padding."""
+
+        room = 64
+
+        def lazy_initialization(self, key_states, value_states) -> None:
+            self.dtype, self.device = key_states.dtype, key_states.device
+            self.buffers, self.length = None, 0
+            self.is_initialized = True
+
+        def _set(self, buffers, length: int) -> None:
+            self.buffers, self.length = buffers, length
+            self.keys, self.values = (buffer[:, :, :length] for buffer in buffers)
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            end = self.length + key_states.shape[-2]
+            if self.buffers is None or end > self.buffers[0].shape[-2]:
+                grown = []
+                for old, new in zip(self.buffers or (None, None), (key_states, value_states)):
+                    batch, heads, _, dim = new.shape
+                    buffer = new.new_empty((batch, heads, end + self.room, dim))
+                    if self.length:
+                        buffer[:, :, : self.length] = old[:, :, : self.length]
+                    grown.append(buffer)
+                self.buffers = tuple(grown)
+            self.buffers[0][:, :, self.length : end] = key_states
+            self.buffers[1][:, :, self.length : end] = value_states
+            self._set(self.buffers, end)
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length if self.is_initialized else 0
+
+        def batch_select_indices(self, indices) -> None:
+            if self.is_initialized and self.buffers is not None:
+                self._set(tuple(buffer[indices] for buffer in self.buffers), self.length)
+
+        def drop_leading(self, count: int) -> None:
+            if count and self.buffers is not None:
+                self._set(tuple(buffer[:, :, count:] for buffer in self.buffers), self.length - count)
+
+        def stack_right_aligned(self, others) -> None:
+            """Appends the rows of `others` (other layers) below this layer's, all right-aligned to the longest
+            length (left padding), in one copy."""
+            parts = [layer for layer in (self, *others) if layer.buffers is not None]
+            length = max(layer.length for layer in parts)
+            merged = []
+            for which in (0, 1):
+                first = parts[0].buffers[which]
+                batch = sum(layer.buffers[which].shape[0] for layer in parts)
+                buffer = first.new_zeros((batch, first.shape[1], length + self.room, first.shape[3]))
+                row = 0
+                for layer in parts:
+                    rows = layer.buffers[which].shape[0]
+                    source = layer.buffers[which][:, :, : layer.length]
+                    buffer[row : row + rows, :, length - layer.length : length] = source
+                    row += rows
+                merged.append(buffer)
+            self._set(tuple(merged), length)
+
+    return RoomyLayer
+
+
+GROUPED_DECODE_ATTENTION = "carryover_grouped_decode"
+
+
+def _grouped_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Attention of one new token per row against the cache, computed per KV head group with two batched matmuls
+    (SDPA's CPU kernel is slow for single-token queries). Longer queries (prefill) go to SDPA."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.shape[2] != 1 or dropout or kwargs.get("position_bias") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)  # fmt: skip
+    import torch
+
+    batch, heads, _, dim = query.shape
+    groups = key.shape[1]
+    scale = scaling if scaling is not None else dim**-0.5
+    scores = torch.matmul(query.reshape(batch, groups, heads // groups, dim), key.transpose(-1, -2)) * scale
+    if attention_mask is not None:  # [batch, 1, 1, kv]: True (or 0.0) where a row may attend
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + attention_mask
+    output = torch.matmul(scores.softmax(dim=-1), value)  # [batch, groups, heads per group, dim]
+    return output.reshape(batch, 1, heads, dim), None
+
+
+def _use_grouped_decode_attention(model):
+    """Switches an SDPA target to the grouped decode attention; returns a function that switches it back."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    previous = getattr(model.config, "_attn_implementation", None)
+    if previous != "sdpa" or not hasattr(model, "set_attn_implementation"):
+        return lambda: None
+    AttentionInterface.register(GROUPED_DECODE_ATTENTION, _grouped_decode_attention)
+    AttentionMaskInterface.register(GROUPED_DECODE_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    model.set_attn_implementation(GROUPED_DECODE_ATTENTION)
+    return lambda: model.set_attn_implementation(previous)
+
+
+class _Decoder:
+    """Batched decoding of single assistant turns, written for CPU throughput.
+
+    A plain decode loop over the target's forward, equivalent to greedy (or sampled) `generate` row by row:
+    * the KV cache appends in place into preallocated room (no per-step concatenation of the whole cache);
+    * a row leaves the batch as soon as it emits a stop id or reaches its token budget (its cache rows are
+      dropped), and leading columns that only hold padding are cut;
+    * freed slots are refilled with waiting contexts (prefilled together, then stacked right-aligned), so the
+      batch stays near `batch_size` instead of draining.
+    Every row keeps its own positions and attention mask, so a row's tokens depend only on its own context.
+    """
 
     def __init__(self, model, tokenizer, config: RegenerationConfig):
         import torch
-        from transformers import GenerationConfig
 
         self.torch, self.model, self.tokenizer, self.config = torch, model, tokenizer, config
-        self.stop_ids = _stop_ids(model, tokenizer)
-        if not self.stop_ids:
-            raise RegenerationError("the target defines no EOS token; cannot tell where a response ends")
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids)
+        self.stop_ids, self.pad_id = _stop_and_pad_ids(model, tokenizer)
+        self.layer_class = _kv_layer_class()
+        self.warpers = []
+        if config.do_sample:
+            from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+            self.warpers.append(TemperatureLogitsWarper(config.temperature))
+            if config.top_k:
+                self.warpers.append(TopKLogitsWarper(config.top_k))
+            if config.top_p < 1:
+                self.warpers.append(TopPLogitsWarper(config.top_p))
+        self.stop_tensor = torch.tensor(sorted(self.stop_ids))
+
+    def _new_cache(self):
+        from transformers.cache_utils import Cache
+
+        return Cache(layer_class_to_replicate=self.layer_class)
+
+    def _forward(self, input_ids, attention_mask, positions, cache):
+        output = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                            past_key_values=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
+        return output.logits[:, -1, :].float()
+
+    def _choose(self, logits, generator):
+        if not self.warpers:
+            return logits.argmax(dim=-1)
+        for warper in self.warpers:
+            logits = warper(None, logits)
+        return self.torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
+
+    def _prefill_group(self, contexts: list[list[int]]):
+        input_ids, mask = _left_padded(contexts, self.pad_id)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = self._new_cache()
+        logits = self._forward(input_ids.to(self.model.device), mask.to(self.model.device),
+                               positions.to(self.model.device), cache)  # fmt: skip
+        return cache, mask, logits
+
+    def _prefill(self, contexts: list[list[int]]):
+        """Prefills contexts in groups of similar length (at most PREFILL_TOKENS padded tokens per forward, and no
+        more than ~25 % padding), so that one long prompt does not pad a whole batch; the groups' caches are then
+        stacked right-aligned into one. Returns the cache, mask and last logits, and the order of the contexts
+        in their rows."""
+        torch = self.torch
+        order = sorted(range(len(contexts)), key=lambda i: len(contexts[i]))
+        groups, group = [], []
+        for i in order:
+            width = len(contexts[i])  # the longest so far: contexts come in ascending length
+            candidate = group + [i]
+            real = sum(len(contexts[j]) for j in candidate)
+            if group and (width * len(candidate) > PREFILL_TOKENS or width * len(candidate) > 1.25 * real + 64):
+                groups.append(group)
+                candidate = [i]
+            group = candidate
+        groups.append(group)
+        results = [self._prefill_group([contexts[i] for i in group]) for group in groups]
+        cache = results[0][0]
+        if len(results) > 1:
+            for mine, *theirs in zip(*(result[0].layers for result in results)):
+                mine.stack_right_aligned(theirs)
+        width = max(result[1].shape[1] for result in results)
+        mask = torch.cat([torch.nn.functional.pad(result[1], (width - result[1].shape[1], 0)) for result in results])
+        logits = torch.cat([result[2] for result in results])
+        return cache, mask, logits, [i for group in groups for i in group]  # rows: contexts in this order
+
+    def run(self, next_jobs, on_done, on_tokens=lambda count: None, seed: int = 0) -> None:
+        """Decodes jobs until none are left. `next_jobs(n)` returns up to n waiting jobs `(key, context_ids,
+        budget)` (an empty list when there are none for now); `on_done(key, ids, finished)` gets each job's
+        generated ids (up to and including the first stop id) and whether it stopped within its budget, and may
+        make new jobs available (a conversation's next turn)."""
+        generator = self.torch.Generator().manual_seed(seed)
+        restore = _use_grouped_decode_attention(self.model)
+        try:
+            self._loop(next_jobs, on_done, on_tokens, generator)
+        finally:
+            restore()
+
+    def _loop(self, next_jobs, on_done, on_tokens, generator) -> None:
+        torch = self.torch
+        size = self.config.batch_size
+        keys, budgets, generated = [], [], []
+        cache, mask, positions, last = None, None, None, None
+        with torch.inference_mode():
+            while True:
+                # Refill when a quarter of the batch is free (or the batch is empty).
+                if len(keys) <= size - max(1, size // 4):
+                    jobs = next_jobs(size - len(keys))
+                    if jobs:
+                        new_cache, new_mask, logits, order = self._prefill([ids for _, ids, _ in jobs])
+                        jobs = [jobs[i] for i in order]
+                        new_last = self._choose(logits, generator)
+                        new_positions = new_mask.sum(-1)
+                        if cache is None:
+                            cache, mask, positions, last = new_cache, new_mask, new_positions, new_last
+                        else:
+                            for mine, theirs in zip(cache.layers, new_cache.layers):
+                                mine.stack_right_aligned([theirs])
+                            width = max(mask.shape[1], new_mask.shape[1])
+                            pad = torch.nn.functional.pad
+                            mask = torch.cat([pad(mask, (width - mask.shape[1], 0)),
+                                              pad(new_mask, (width - new_mask.shape[1], 0))])  # fmt: skip
+                            positions = torch.cat([positions, new_positions])
+                            last = torch.cat([last, new_last])
+                        keys += [key for key, _, _ in jobs]
+                        budgets += [budget for _, _, budget in jobs]
+                        generated += [[] for _ in jobs]
+                if not keys:
+                    return
+                # Record the chosen tokens; rows that stop leave the batch.
+                chosen = last.tolist()
+                stopped = torch.isin(last, self.stop_tensor).tolist()
+                keep = []
+                for row, token in enumerate(chosen):
+                    generated[row].append(token)
+                    if stopped[row] or len(generated[row]) >= budgets[row]:
+                        on_done(keys[row], generated[row], bool(stopped[row]))
+                    else:
+                        keep.append(row)
+                on_tokens(len(chosen))
+                if len(keep) < len(keys):
+                    if not keep:
+                        keys, budgets, generated, cache = [], [], [], None
+                        continue
+                    index = torch.tensor(keep)
+                    keys, budgets, generated = ([values[i] for i in keep] for values in (keys, budgets, generated))
+                    cache.batch_select_indices(index)
+                    mask, positions, last = mask[index], positions[index], last[index]
+                    leading = int(mask.any(0).long().argmax())  # columns that are padding in every row left
+                    if leading:
+                        for layer in cache.layers:
+                            layer.drop_leading(leading)
+                        mask = mask[:, leading:]
+                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+                logits = self._forward(last[:, None], mask, positions[:, None], cache)
+                positions = positions + 1
+                last = self._choose(logits, generator)
+
+
+class _GenerateDecoder:
+    """Static batches through `model.generate` (`--decoder generate`, or `generate-static` for Transformers' static
+    cache): a batch runs until its longest row ends. Slower than `_Decoder` on CPU; kept for comparison and for
+    targets whose forward does not take `position_ids` / `logits_to_keep`."""
+
+    def __init__(self, model, tokenizer, config: RegenerationConfig, static_cache: bool = False):
+        from transformers import GenerationConfig
+
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.stop_ids, self.pad_id = _stop_and_pad_ids(model, tokenizer)
         sampling = dict(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k or None)
         self.generation_config = GenerationConfig(
             do_sample=config.do_sample,
             **(sampling if config.do_sample else {"temperature": None, "top_p": None, "top_k": None}),
             eos_token_id=sorted(self.stop_ids),
             pad_token_id=self.pad_id,
+            cache_implementation="static" if static_cache else None,
         )
 
-    def __call__(self, contexts: list[list[int]], budgets: list[int], seed: int) -> list[tuple[list[int], bool]]:
-        """For each context, the generated ids (up to and including the first stop id) and whether it
-        stopped within its token budget."""
-        torch = self.torch
-        width = max(map(len, contexts))
-        input_ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros_like(input_ids)
-        for row, ids in enumerate(contexts):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids)
-            attention_mask[row, width - len(ids) :] = 1
-        generation_config = copy.deepcopy(self.generation_config)
-        generation_config.max_new_tokens = max(budgets)
+    def run(self, next_jobs, on_done, on_tokens=lambda count: None, seed: int = 0) -> None:
+        import torch
+
         torch.manual_seed(seed)
-        with torch.inference_mode():
-            output = self.model.generate(
-                input_ids=input_ids.to(self.model.device),
-                attention_mask=attention_mask.to(self.model.device),
-                generation_config=generation_config,
-            )
-        results = []
-        for row, budget in enumerate(budgets):
-            generated = output[row, width:].tolist()
-            end = next((i for i, token in enumerate(generated) if token in self.stop_ids), None)
-            if end is not None and end < budget:
-                results.append((generated[: end + 1], True))
-            else:  # no stop token within this row's own budget: the response was cut, and is reported so
-                results.append((generated[:budget], False))
-        return results
+        while jobs := next_jobs(self.config.batch_size):
+            input_ids, attention_mask = _left_padded([ids for _, ids, _ in jobs], self.pad_id)
+            width = input_ids.shape[1]
+            generation_config = copy.deepcopy(self.generation_config)
+            generation_config.max_new_tokens = max(budget for _, _, budget in jobs)
+            with torch.inference_mode():
+                output = self.model.generate(input_ids=input_ids.to(self.model.device),
+                                             attention_mask=attention_mask.to(self.model.device),
+                                             generation_config=generation_config)  # fmt: skip
+            for row, (key, _, budget) in enumerate(jobs):
+                generated = output[row, width:].tolist()
+                end = next((i for i, token in enumerate(generated) if token in self.stop_ids), None)
+                if end is not None and end < budget:
+                    ids, finished = generated[: end + 1], True
+                else:  # no stop id within this row's own budget: the response was cut, and is reported so
+                    ids, finished = generated[:budget], False
+                on_tokens(len(ids))
+                on_done(key, ids, finished)
 
 
-def _generate_chunk(generator: _Generator, prompts: list[dict], config: RegenerationConfig, chunk_index: int, progress):
+DECODERS = ("refill", "generate", "generate-static")
+
+
+def _make_decoder(model, tokenizer, config: RegenerationConfig):
+    if config.decoder == "refill":
+        return _Decoder(model, tokenizer, config)
+    return _GenerateDecoder(model, tokenizer, config, static_cache=config.decoder == "generate-static")
+
+
+def _generate_chunks(decoder: _Decoder | _GenerateDecoder, chunks: list[tuple[int, list[dict]]],
+                     config: RegenerationConfig, progress, finish_chunk) -> None:  # fmt: skip
+    """Generates the given chunks `(index, prompts)` with one decoder. The next chunk's prompts join as the batch
+    frees up (no drain at chunk ends); `finish_chunk(index, states, skipped)` is called as soon as the last turn
+    of a chunk's last conversation ends, so each chunk is written whole, and only then."""
+    from bisect import insort
+
     from .chat import first_prompt_ids, next_turn_ids
 
-    tokenizer = generator.tokenizer
-    states = []
-    skipped = []
-    for record in prompts:
-        ids = first_prompt_ids(tokenizer, record["turns"], record.get("system"))
-        if len(ids) >= config.max_length:
-            skipped.append(record["id"])
-            continue
-        states.append({"record": record, "ids": ids, "mask": [0] * len(ids), "responses": [], "response_ids": [],
-                       "finished": True})  # fmt: skip
-    max_turns = max((len(s["record"]["turns"]) for s in states), default=0)
-    for turn in range(max_turns):
-        active = [s for s in states if len(s["record"]["turns"]) > turn and s["finished"]]
-        if turn > 0:
-            for state in active:
-                between = next_turn_ids(tokenizer, state["record"]["turns"], state["responses"], state["record"].get("system"))
-                state["ids"] += between
-                state["mask"] += [0] * len(between)
-        active.sort(key=lambda s: len(s["ids"]))  # similar lengths batch together: less padding
-        for start in range(0, len(active), config.batch_size):
-            batch = [s for s in active[start : start + config.batch_size]]
-            runnable = [s for s in batch if len(s["ids"]) < config.max_length]
-            for state in batch:
-                if state not in runnable:
-                    state["finished"] = False
-            if not runnable:
+    tokenizer = decoder.tokenizer
+    waiting: list[tuple[int, int, dict]] = []  # (context length, arrival, state): contexts sorted by length
+    arrivals = iter(range(1 << 62))
+    upcoming = iter(chunks)
+    open_chunks: dict[int, dict] = {}
+
+    def close(index: int) -> None:
+        entry = open_chunks.pop(index)
+        finish_chunk(index, entry["states"], entry["skipped"])
+
+    def admit() -> bool:
+        """Adds the first turns of the next chunk to the waiting contexts; False when no chunk is left."""
+        try:
+            index, prompts = next(upcoming)
+        except StopIteration:
+            return False
+        entry = open_chunks[index] = {"states": [], "skipped": [], "left": 0}
+        for record in prompts:
+            ids = first_prompt_ids(tokenizer, record["turns"], record.get("system"))
+            if len(ids) >= config.max_length:
+                entry["skipped"].append(record["id"])
                 continue
-            budgets = [min(config.max_new_tokens, config.max_length - len(s["ids"])) for s in runnable]
-            seed = int(hashlib.sha256(f"{config.seed}-{chunk_index}-{turn}-{start}".encode()).hexdigest()[:8], 16)
-            for state, (ids, finished) in zip(runnable, generator([s["ids"] for s in runnable], budgets, seed)):
-                state["ids"] += ids
-                state["mask"] += [1] * len(ids)
-                state["response_ids"].append(ids)
-                state["responses"].append(tokenizer.decode(ids, skip_special_tokens=True))
-                state["finished"] = finished
-            if turn == 0:
-                progress(len(runnable), sum(len(s["response_ids"][-1]) for s in runnable))
-            else:
-                progress(0, sum(len(s["response_ids"][-1]) for s in runnable))
-    if max_turns == 0 or skipped:
-        progress(len(skipped), 0)
-    return states, skipped
+            state = {"record": record, "ids": ids, "mask": [0] * len(ids), "responses": [], "response_ids": [],
+                     "finished": True, "chunk": index}  # fmt: skip
+            entry["states"].append(state)
+            insort(waiting, (len(ids), next(arrivals), state), key=lambda item: item[:2])
+        entry["left"] = len(entry["states"])
+        progress(len(entry["skipped"]), 0)
+        if not entry["left"]:
+            close(index)
+        return True
+
+    def next_jobs(count: int):
+        while len(waiting) < count and admit():
+            pass
+        taken, waiting[:count] = waiting[:count], []
+        return [(state, state["ids"], min(config.max_new_tokens, config.max_length - len(state["ids"])))
+                for _, _, state in taken]  # fmt: skip
+
+    def on_done(state: dict, ids: list[int], finished: bool) -> None:
+        state["ids"] = state["ids"] + ids
+        state["mask"] = state["mask"] + [1] * len(ids)
+        state["response_ids"].append(ids)
+        state["responses"].append(tokenizer.decode(ids, skip_special_tokens=True))
+        state["finished"] = finished
+        turns, system = state["record"]["turns"], state["record"].get("system")
+        if finished and len(state["responses"]) < len(turns):  # the conversation goes on with its next user turn
+            between = next_turn_ids(tokenizer, turns, state["responses"], system)
+            state["ids"] = state["ids"] + between
+            state["mask"] = state["mask"] + [0] * len(between)
+            if len(state["ids"]) < config.max_length:
+                insort(waiting, (len(state["ids"]), next(arrivals), state), key=lambda item: item[:2])
+                return
+            state["finished"] = False  # no room left for the next answer: reported as cut
+        progress(1, 0)
+        entry = open_chunks[state["chunk"]]
+        entry["left"] -= 1
+        if not entry["left"]:
+            close(state["chunk"])
+
+    seed = int(hashlib.sha256(f"{config.seed}-{chunks[0][0] if chunks else 0}".encode()).hexdigest()[:8], 16)
+    decoder.run(next_jobs, on_done, on_tokens=lambda count: progress(0, count), seed=seed)
+    while admit():  # chunks whose prompts were all skipped
+        pass
 
 
 def regenerate(config: RegenerationConfig, model=None, tokenizer=None, show_progress: bool = True) -> dict:
@@ -306,7 +628,7 @@ def regenerate(config: RegenerationConfig, model=None, tokenizer=None, show_prog
             model, tokenizer = load_target(config.target, dtype=config.dtype)
         if not tokenizer.chat_template:
             raise RegenerationError(f"the tokenizer of {config.target!r} has no chat template; regenerate needs one")
-        generator = _Generator(model, tokenizer, config)
+        decoder = _make_decoder(model, tokenizer, config)
         target_name = getattr(model.config, "_name_or_path", None) or config.target
         import transformers
 
@@ -323,9 +645,9 @@ def regenerate(config: RegenerationConfig, model=None, tokenizer=None, show_prog
             "transformers": transformers.__version__,
         }
         generation = json.dumps(settings)
-        done_prompts = sum(len(chunks[i]) for i in range(len(chunks)) if i not in todo)
-        bar = tqdm(total=len(prompts), initial=done_prompts, unit="prompt", desc="regenerate", disable=not show_progress,
-                   dynamic_ncols=True)  # fmt: skip
+        done_prompts = sum(len(chunks[i]) for i in range(len(chunks)) if chunk_path(output, i).is_file())
+        bar = tqdm(total=done_prompts + sum(len(chunks[i]) for i in todo), initial=done_prompts, unit="prompt",
+                   desc="regenerate", disable=not show_progress, dynamic_ncols=True)  # fmt: skip
         tokens_done, started = 0, time.time()
 
         def progress(prompts_done: int, tokens: int) -> None:
@@ -334,9 +656,10 @@ def regenerate(config: RegenerationConfig, model=None, tokenizer=None, show_prog
             bar.update(prompts_done)
             bar.set_postfix(tok_s=f"{tokens_done / max(time.time() - started, 1e-6):.1f}", refresh=False)
 
-        for index in todo:
-            chunk_start = time.time()
-            states, skipped = _generate_chunk(generator, chunks[index], config, index, progress)
+        last_write, last_cpu = time.time(), time.process_time()
+
+        def finish_chunk(index: int, states: list[dict], skipped: list[str]) -> None:
+            nonlocal last_write, last_cpu
             rows, unfinished, dropped = [], [], []
             for state in states:
                 record = state["record"]
@@ -356,6 +679,9 @@ def regenerate(config: RegenerationConfig, model=None, tokenizer=None, show_prog
             # Keep the prompts' run order inside the chunk (generation sorted them by length).
             order = {record["id"]: i for i, record in enumerate(chunks[index])}
             rows.sort(key=lambda row: order[row["id"]])
+            unfinished.sort(key=order.get)
+            dropped.sort(key=order.get)
+            now = time.time()
             stats = {
                 "chunk": index,
                 "prompt_ids": [record["id"] for record in chunks[index]],
@@ -364,10 +690,18 @@ def regenerate(config: RegenerationConfig, model=None, tokenizer=None, show_prog
                 "skipped_prompt_too_long": skipped,
                 "unfinished": unfinished,
                 "dropped_unfinished": dropped,
-                "seconds": round(time.time() - chunk_start, 2),
+                # Chunks overlap (the next one starts while this one's last rows finish): the time since the
+                # previous chunk was written, so that the chunks' seconds add up to the wall time.
+                "seconds": round(now - last_write, 2),
+                "cpu_seconds": round(time.process_time() - last_cpu, 2),  # all threads of this process
                 "batch_size": config.batch_size,
+                "num_threads": config.num_threads,
+                "decoder": DECODER if config.decoder == "refill" else config.decoder,
             }
+            last_write, last_cpu = now, time.process_time()
             _write_chunk(output, index, rows, stats)
+
+        _generate_chunks(decoder, [(index, chunks[index]) for index in todo], config, progress, finish_chunk)
         bar.close()
     return summarize(output, write=True)
 
@@ -394,8 +728,9 @@ def summarize(output: str | Path, write: bool = False) -> dict:
         for key in ("skipped_prompt_too_long", "unfinished", "dropped_unfinished"):
             summary[key] += len(stats[key])
         for category in {pid.split("/")[0] for pid in stats["prompt_ids"]}:
-            entry = summary["per_category"].setdefault(category, {"prompts": 0})
+            entry = summary["per_category"].setdefault(category, {"prompts": 0, "unfinished": 0})
             entry["prompts"] += sum(pid.startswith(category + "/") for pid in stats["prompt_ids"])
+            entry["unfinished"] += sum(pid.startswith(category + "/") for pid in stats["unfinished"])
     summary["complete"] = summary["chunks_done"] == num_chunks
     if summary["chunks_done"]:
         import pyarrow.parquet as pq
@@ -408,21 +743,61 @@ def summarize(output: str | Path, write: bool = False) -> dict:
                     entry = summary["per_category"][category]
                     entry["response_tokens"] = entry.get("response_tokens", 0) + count
                     summary["tokens"] += len(ids)
+    for entry in summary["per_category"].values():  # share of all response tokens: no category should dominate
+        entry["share"] = round(entry.get("response_tokens", 0) / max(summary["response_tokens"], 1), 4)
     if write:
         state["summary"] = summary
         (output / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     return summary
 
 
-def load_regenerated(output: str | Path):
-    """The rows of a regeneration run (its finished chunks, in run order) as a `datasets.Dataset`."""
-    from datasets import Dataset
+def run_folders(paths) -> list[Path]:
+    """Run folders from one path, a comma-separated string of paths, or a list of them (order kept)."""
+    if isinstance(paths, (str, Path)):
+        paths = [part for part in str(paths).split(",") if part.strip()]
+    folders = [Path(str(path).strip()) for path in paths]
+    if not folders:
+        raise ValueError("no regeneration run folder given")
+    problems = [f"{folder} is not a regeneration run folder (no {STATE_FILE})" for folder in folders
+                if not (folder / STATE_FILE).is_file()]  # fmt: skip
+    if len(set(map(os.path.realpath, folders))) < len(folders):
+        problems.append("the same run folder is given twice")
+    if not problems:
+        targets = {str(f): json.loads((f / STATE_FILE).read_text())["identity"]["target"] for f in folders}
+        if len(set(targets.values())) > 1:
+            problems.append(f"the runs answer different targets: {targets}")
+    if problems:
+        raise ValueError("cannot load regenerated rows:\n  - " + "\n  - ".join(problems))
+    return folders
 
-    output = Path(output)
-    files = sorted((output / DATA_DIR).glob("chunk-*.parquet"))
-    if not files:
-        raise FileNotFoundError(f"no finished chunks under {output / DATA_DIR}; run `carryover-hf regenerate` first")
-    return Dataset.from_parquet([str(path) for path in files], features=_features())
+
+def load_regenerated(output):
+    """The rows of one or several regeneration runs as one `datasets.Dataset`: each run's finished chunks in run
+    order, the runs in the order given (`output`: a folder, a comma-separated string of folders, or a list).
+
+    Each chunk is converted once to an Arrow file in the `datasets` cache and memory-mapped; the chunks are
+    concatenated without copying, so the rows are read from disk as they are used, not held in memory."""
+    import datasets as datasets_logging
+    from datasets import Dataset, concatenate_datasets
+
+    files = []
+    for folder in run_folders(output):
+        found = sorted((folder / DATA_DIR).glob("chunk-*.parquet"))
+        if not found:
+            raise FileNotFoundError(
+                f"no finished chunks under {folder / DATA_DIR}; run `carryover-hf regenerate` first"
+            )
+        files += found
+    features = _features()
+    quiet = not datasets_logging.are_progress_bars_disabled()
+    if quiet:  # one bar per chunk would flood the output
+        datasets_logging.disable_progress_bars()
+    try:
+        parts = [Dataset.from_parquet(str(path), features=features) for path in files]
+    finally:
+        if quiet:
+            datasets_logging.enable_progress_bars()
+    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -444,4 +819,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["RegenerationConfig", "RegenerationError", "load_regenerated", "ordered_prompts", "regenerate", "summarize"]
+__all__ = [
+    "RegenerationConfig", "RegenerationError", "load_regenerated", "ordered_prompts", "regenerate", "run_folders",
+    "summarize",
+]  # fmt: skip
