@@ -18,7 +18,7 @@ from carryover_hf.hub import CheckpointError, detect_format, export_speculators,
 from carryover_hf.hub.convert import drafter_config_from_checkpoint
 from carryover_hf.hub.convert import main as convert_main
 from carryover_hf.hub.formats import parse_source
-from carryover_hf.testing import tiny_drafter, tiny_target
+from carryover_hf.testing import save_zlab_checkpoint, tiny_drafter, tiny_target, zlab_config
 
 
 VOCAB, HIDDEN, BLOCK = 8, 64, 5
@@ -189,20 +189,12 @@ def _zlab_fixture(folder: Path, muse_model, extra: dict | None = None, drop: tup
     state.update(extra or {})
     for name in drop:
         state.pop(name)
-    config = {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
-        "block_size": BLOCK, "num_target_layers": 4,
-        "dflash_config": {"mask_token_id": VOCAB - 1, "target_layer_ids": [0, 2]},
-        "hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-        "rope_scaling": None, "max_position_embeddings": 512, "vocab_size": VOCAB, "attention_bias": False,
-        "layer_types": ["full_attention"] * 2, "sliding_window": None, "use_sliding_window": False,
-        "tie_word_embeddings": False, "torch_dtype": "float32",
-    }
-    config.update(config_overrides)
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    save_file({k: v.contiguous() for k, v in state.items()}, folder / "model.safetensors", metadata={"format": "pt"})
+    config = zlab_config(
+        hidden_size=HIDDEN, num_hidden_layers=2, num_target_layers=4, target_layer_ids=[0, 2], vocab_size=VOCAB,
+        block_size=BLOCK, mask_token_id=VOCAB - 1, head_dim=16, rms_norm_eps=1e-5, rope_theta=500000.0,
+        **config_overrides,
+    )
+    save_zlab_checkpoint(folder, state, config)
 
 
 def test_zlab_fixture_maps_every_tensor_and_matches_the_muse_import(target_dir, muse, tmp_path):

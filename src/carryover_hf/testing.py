@@ -1,6 +1,14 @@
-"""Tiny random targets and drafters, for tests, examples and smoke runs (no downloads)."""
+"""Tiny random targets and drafters, for tests, examples and smoke runs (no downloads).
+
+Also z-lab DFlash checkpoints in their published layout (`save_zlab_checkpoint`), and the tiny stand-ins of the
+Qwen3-4B recipe's Hub repositories (`build_rehearsal_hub`; `python -m carryover_hf.testing rehearsal-hub CACHE`).
+"""
 
 from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
@@ -90,4 +98,128 @@ def skew_towards_token(target: PreTrainedModel, token_id: int, strength: float) 
     return target
 
 
-__all__ = ["TINY_ARCHITECTURES", "skew_towards_token", "tiny_target", "tiny_drafter"]
+def zlab_config(
+    *,
+    hidden_size: int,
+    num_hidden_layers: int,
+    num_target_layers: int,
+    target_layer_ids: list[int],
+    vocab_size: int,
+    block_size: int,
+    mask_token_id: int,
+    intermediate_size: int | None = None,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    head_dim: int | None = None,
+    rope_theta: float = 1_000_000.0,
+    rms_norm_eps: float = 1e-6,
+    max_position_embeddings: int = 512,
+    torch_dtype: str = "float32",
+    **overrides,
+) -> dict:
+    """A `config.json` of a z-lab DFlash drafter (`DFlashDraftModel`, `model_type: qwen3`, `dflash_config`), with the
+    fields z-lab publishes (SPEC section 4); `overrides` replace or add top-level keys."""
+    config = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "block_size": block_size, "num_target_layers": num_target_layers,
+        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(target_layer_ids)},
+        "hidden_size": hidden_size, "intermediate_size": intermediate_size or 2 * hidden_size,
+        "num_hidden_layers": num_hidden_layers, "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads, "head_dim": head_dim or hidden_size // num_attention_heads,
+        "hidden_act": "silu", "rms_norm_eps": rms_norm_eps, "rope_theta": rope_theta, "rope_scaling": None,
+        "max_position_embeddings": max_position_embeddings, "vocab_size": vocab_size, "attention_bias": False,
+        "layer_types": ["full_attention"] * num_hidden_layers, "sliding_window": None, "use_sliding_window": False,
+        "tie_word_embeddings": False, "torch_dtype": torch_dtype,
+    }  # fmt: skip
+    config.update(overrides)
+    return config
+
+
+def save_zlab_checkpoint(folder: str | Path, weights: dict[str, torch.Tensor], config: dict) -> Path:
+    """Writes `config.json` and `model.safetensors` (z-lab tensor names: `fc`, `hidden_norm`, `norm`, `layers.N.*`)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in weights.items()}, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def tiny_zlab_checkpoint(
+    folder: str | Path,
+    target: PreTrainedModel,
+    target_layer_ids: list[int],
+    mask_token_id: int,
+    num_hidden_layers: int = 1,
+    block_size: int = 4,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> Path:
+    """A random z-lab-format DFlash drafter for `target`, with z-lab's layout rule (the drafter copies the target's
+    attention and MLP widths). Its weights are those of a fresh drafter; E_carry is not part of the format."""
+    text = target.config.get_text_config()
+    drafter = tiny_drafter(target, num_hidden_layers=num_hidden_layers, block_size=block_size, seed=seed,
+                           target_layer_ids=list(target_layer_ids), mask_token_id=mask_token_id)  # fmt: skip
+    weights = {k: v.to(dtype) for k, v in drafter.state_dict().items() if k != "carry_embedding"}
+    rope = (getattr(text, "rope_parameters", None) or {}).get("rope_theta", 1_000_000.0)
+    config = zlab_config(
+        hidden_size=text.hidden_size, intermediate_size=text.intermediate_size, num_hidden_layers=num_hidden_layers,
+        num_target_layers=text.num_hidden_layers, target_layer_ids=target_layer_ids, vocab_size=text.vocab_size,
+        block_size=block_size, mask_token_id=mask_token_id, num_attention_heads=text.num_attention_heads,
+        num_key_value_heads=text.num_key_value_heads, head_dim=text.head_dim, rope_theta=float(rope),
+        rms_norm_eps=text.rms_norm_eps, max_position_embeddings=text.max_position_embeddings,
+        torch_dtype=str(dtype).removeprefix("torch."),
+    )  # fmt: skip
+    return save_zlab_checkpoint(folder, weights, config)
+
+
+# The Qwen3-4B recipe's repositories, as tiny stand-ins (examples/qwen3_4b/recipe.sh with CARRYOVER_REHEARSAL=1).
+REHEARSAL_TARGET = "carryover-hf-rehearsal/tiny-qwen3"
+REHEARSAL_ZLAB_DRAFTER = "carryover-hf-rehearsal/tiny-qwen3-dflash-b4"
+REHEARSAL_LAYER_IDS = [0, 2]
+
+
+def build_rehearsal_hub(cache_dir: str | Path, work_dir: str | Path | None = None) -> dict[str, Path]:
+    """Puts a tiny random Qwen3 target (with a chat tokenizer and a `<|mask|>` token, as Qwen3-4B has one) and a
+    tiny z-lab-format DFlash drafter for it (bfloat16, as z-lab publishes) into the Hub cache `cache_dir`, under
+    `REHEARSAL_TARGET` and `REHEARSAL_ZLAB_DRAFTER`. Idempotent: the same seeds give the same files and revision."""
+    import tempfile
+
+    from .data.chat import tiny_chat_tokenizer
+    from .hub.local_cache import add_to_hub_cache
+
+    tokenizer = tiny_chat_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|mask|>"]})
+    mask = tokenizer.convert_tokens_to_ids("<|mask|>")
+    target = tiny_target("qwen3", vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=4,
+                         max_position_embeddings=4096, seed=0)  # fmt: skip
+    with tempfile.TemporaryDirectory(dir=work_dir) as scratch:
+        target.save_pretrained(Path(scratch) / "target")
+        tokenizer.save_pretrained(Path(scratch) / "target")
+        tiny_zlab_checkpoint(Path(scratch) / "zlab", target, REHEARSAL_LAYER_IDS, mask, num_hidden_layers=1,
+                             block_size=4, dtype=torch.bfloat16, seed=1)  # fmt: skip
+        return {
+            REHEARSAL_TARGET: add_to_hub_cache(Path(scratch) / "target", REHEARSAL_TARGET, cache_dir),
+            REHEARSAL_ZLAB_DRAFTER: add_to_hub_cache(Path(scratch) / "zlab", REHEARSAL_ZLAB_DRAFTER, cache_dir),
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 2 or argv[0] != "rehearsal-hub":
+        print("usage: python -m carryover_hf.testing rehearsal-hub HF_HUB_CACHE", file=sys.stderr)
+        return 2
+    for repo, snapshot in build_rehearsal_hub(argv[1]).items():
+        print(f"built {repo} at {snapshot}")
+    return 0
+
+
+__all__ = [
+    "REHEARSAL_LAYER_IDS", "REHEARSAL_TARGET", "REHEARSAL_ZLAB_DRAFTER", "TINY_ARCHITECTURES", "build_rehearsal_hub",
+    "save_zlab_checkpoint", "skew_towards_token", "tiny_drafter", "tiny_target", "tiny_zlab_checkpoint", "zlab_config",
+]  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,11 +19,13 @@ BASE_TAGS = ("carryover-hf", "speculative-decoding", "dflash", "block-diffusion"
 
 
 def _interval(value: Any, interval: Any, digits: int, suffix: str = "") -> str:
-    """`6.53 [6.41, 6.65]` (a confidence interval when known), `—` when the value is missing."""
+    """`6.53 [6.41, 6.65]` (a confidence interval when known), `—` when the value is missing.
+
+    A bench group of one prompt has no bootstrap interval (its bounds are None): the value is shown alone."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
     text = f"{float(value):.{digits}f}{suffix}"
-    if interval:
+    if interval and all(bound is not None for bound in interval):
         low, high = interval
         text += f" [{float(low):.{digits}f}, {float(high):.{digits}f}]"
     return text

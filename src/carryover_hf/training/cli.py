@@ -42,6 +42,14 @@ class ModelArguments:
         default=None,
         metadata={"help": "Drafter folder to continue from (e.g. a baseline); a new drafter is built when omitted."},
     )
+    drafter_dtype: str = field(
+        default="float32",
+        metadata={
+            "help": "Dtype a --drafter checkpoint is loaded in for training: float32 (master weights; --bf16 then "
+            "autocasts the compute), bfloat16, float16 or auto (as saved). Published drafters are often saved in bf16.",
+            "choices": ["float32", "bfloat16", "float16", "auto"],
+        },
+    )
     drafter_type: str = field(
         default="dflash", metadata={"help": "New drafter kind.", "choices": ["dflash", "markov"]}
     )
@@ -186,8 +194,12 @@ def _build_drafter(model_args: ModelArguments, target, default_layer_ids: list[i
     from ..modeling_carryover import CarryoverDrafterModel
 
     if model_args.drafter:
+        from ..targets import resolve_dtype
+
         drafter = CarryoverDrafterModel.from_pretrained(
-            model_args.drafter, attn_implementation=model_args.drafter_attn_implementation
+            model_args.drafter,
+            attn_implementation=model_args.drafter_attn_implementation,
+            dtype=resolve_dtype(model_args.drafter_dtype),
         )
     else:
         overrides = {} if model_args.mask_token_id is None else {"mask_token_id": model_args.mask_token_id}
