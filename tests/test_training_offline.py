@@ -296,3 +296,12 @@ def test_init_from_target_copies_the_final_norm_and_a_layer(target):
     assert "layers.0.self_attn.q_norm.weight" not in copied  # Llama layers have no q/k norms
     with pytest.raises(ValueError, match="first copied layer"):
         initialize_from_target(drafter, target, layer=target.config.num_hidden_layers)
+
+
+def test_float16_storage_refuses_states_beyond_its_range(target, rows, tmp_path):
+    loud = tiny_target("llama", seed=0)
+    with torch.no_grad():
+        loud.model.embed_tokens.weight.mul_(1e6)  # layer-0 outputs far beyond 65504
+    with pytest.raises(FeatureStoreError, match="bfloat16"):
+        build(loud, rows, tmp_path, dtype="float16")
+    build(loud, rows, tmp_path / "bf16", dtype="bfloat16")  # bfloat16 holds them

@@ -19,7 +19,7 @@ target forward (it needs only the target's input embedding and LM head).
 
 ```bash
 carryover-hf features --target smollm2-135m --dataset assets/train/smollm2-135m --output runs/features \
-    --target_layer_ids 1 8 14 20 27 --dtype bfloat16 --top_k 32
+    --target_layer_ids 1 8 14 20 27 --top_k 32
 carryover-hf train --target smollm2-135m --features runs/features --objective dflash --output_dir runs/baseline ...
 ```
 """
@@ -100,7 +100,14 @@ class FeatureBuildConfig:
     )
     drafter: str | None = field(default=None, metadata={"help": "drafter folder whose target_layer_ids to store"})
     num_layer_ids: int = field(default=5, metadata={"help": "layer ids spread as DFlash does when none are given"})
-    dtype: str = field(default="bfloat16", metadata={"help": "storage dtype of the features", "choices": list(STORAGE_DTYPES)})
+    dtype: str = field(
+        default="float16",
+        metadata={
+            "help": "storage dtype of the features (float16: the smallest effect on the loss measured; a value "
+            "beyond its range is an error that asks for bfloat16)",
+            "choices": list(STORAGE_DTYPES),
+        },
+    )
     top_k: int = field(default=0, metadata={"help": "also store the target's top-k next-token log-probs (0: none)"})
     shard_rows: int = field(default=64, metadata={"help": "rows per shard file (the resumable unit)"})
     batch_size: int = field(default=4, metadata={"help": "rows per target forward (right-padded)"})
@@ -153,6 +160,13 @@ def _encode_rows(target, rows: list[dict], layer_ids: list[int], dtype: torch.dt
             ids[i, : lengths[i]] = torch.as_tensor(row["input_ids"], dtype=torch.long)
             mask[i, : lengths[i]] = 1
         states = target_forward(target, ids.to(device), mask.to(device), layer_ids, with_last_hidden_state=top_k > 0)
+        if dtype == torch.float16:
+            largest = float(states.features.abs().max())
+            if largest > torch.finfo(torch.float16).max:
+                raise FeatureStoreError(
+                    f"A target state reaches {largest:.3g}, beyond float16's range: store the features with "
+                    "--dtype bfloat16."
+                )
         for i, row in enumerate(batch):
             n = lengths[i]
             pieces["input_ids"].append(ids[i, :n].to(torch.int32))
