@@ -2,7 +2,8 @@
 
 The rehearsal (`CARRYOVER_REHEARSAL=1`) swaps the Qwen3-4B target and z-lab's drafter for tiny stand-ins built by
 `carryover_hf.testing.build_rehearsal_hub` into a scratch Hub cache, and runs the same commands in the same order.
-It starts a dozen Python processes (about 3 minutes on the shared 2-core machine), so it is marked `slow`.
+It starts a dozen Python processes (about 3 minutes on the shared 2-core machine), so it is marked `slow`, as is
+the FSDP2 test at the end (two processes).
 """
 
 from __future__ import annotations
@@ -178,3 +179,91 @@ def test_rehearsal_runs_every_stage_end_to_end(tmp_path):
                      "bench-t1 exists"):  # fmt: skip
         assert expected in again.stdout
     print(f"rehearsal: {seconds:.0f} s for all stages")
+
+
+# One optimizer step of a drafter sharded with PyTorch's FSDP2 (`fully_shard` per CarryoverDrafterLayer, then the
+# root: the wrapping accelerate-8gpu-fsdp.yaml asks for) over 2 gloo processes, or unsharded in 1 process.
+FSDP2_STEP = """import os, sys, json, torch, torch.distributed as dist
+from carryover_hf.testing import tiny_target, tiny_drafter
+from carryover_hf.training.synthetic import regenerate_random_prompts
+from carryover_hf.training.collator import CarryoverDataCollator
+from carryover_hf.training.objectives import DrafterObjective
+
+objective, out = sys.argv[1], sys.argv[2]
+torch.set_num_threads(1)
+world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+target = tiny_target("qwen3", seed=0)
+drafter = tiny_drafter(target, block_size=4, seed=1).train()
+drafter.carry_embedding.requires_grad_(objective == "carryover")
+rows = regenerate_random_prompts(target, num_rows=8, prompt_length=6, response_length=20)
+mine = [rows[i] for i in range(rank * 8 // world, (rank + 1) * 8 // world)]
+if world > 1:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in drafter.layers:  # what accelerate's TRANSFORMER_BASED_WRAP of CarryoverDrafterLayer does
+        fully_shard(layer, mesh=mesh)
+    fully_shard(drafter, mesh=mesh)
+    assert isinstance(drafter, FSDPModule)
+optimizer = torch.optim.SGD([p for p in drafter.parameters() if p.requires_grad], lr=0.5)
+output = DrafterObjective(target, objective, 4.0)(drafter, drafter, CarryoverDataCollator(num_anchors=6, seed=0)(mine))
+totals = torch.stack([output.loss_sum.detach(), output.num_anchors.float()])
+if world > 1:
+    dist.all_reduce(totals)
+# FSDP averages gradients over processes: scale so the step equals one process over all rows.
+(output.loss_sum * world / totals[1]).backward()
+optimizer.step()
+if world > 1:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(drafter, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+else:
+    state = drafter.state_dict()
+if rank == 0:
+    drafter.save_pretrained(out, state_dict=state)
+    with open(os.path.join(out, "step1.json"), "w") as handle:
+        json.dump({"loss": float(totals[0] / totals[1]), "world": world,
+                   "sharded": sorted({type(p).__name__ for p in drafter.parameters()})}, handle)
+if world > 1:
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["dflash", "carryover"])
+def test_fsdp2_sharded_drafter_matches_one_process(tmp_path, objective):
+    """accelerate 1.15 does not enable FSDP on CPU (docs/qwen3-4b.md), so this drives PyTorch's FSDP2 directly on two
+    gloo processes: the objectives run on sharded (DTensor) drafter weights, the loss at step 1 equals one process over
+    the same 8 rows, and the gathered full checkpoint loads with AutoModel and equals the one-process step."""
+    from transformers import AutoModel
+
+    from carryover_hf.testing import tiny_drafter, tiny_target
+
+    script = tmp_path / "fsdp2_step.py"
+    script.write_text(FSDP2_STEP)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    import socket
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    runs = {
+        "one": [sys.executable, str(script), objective, str(tmp_path / "one")],
+        "two": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+                str(script), objective, str(tmp_path / "two")],
+    }  # fmt: skip
+    for name, command in runs.items():
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
+        assert result.returncode == 0, name + result.stdout[-2000:] + result.stderr[-3000:]
+    one, two = (json.loads((tmp_path / n / "step1.json").read_text()) for n in ("one", "two"))
+    assert two["world"] == 2 and two["sharded"] == ["DTensor"] and one["sharded"] == ["Parameter"]
+    assert two["loss"] == pytest.approx(one["loss"], rel=1e-5)
+    loaded = {n: AutoModel.from_pretrained(tmp_path / n).state_dict() for n in ("one", "two")}
+    start = tiny_drafter(tiny_target("qwen3", seed=0), block_size=4, seed=1).state_dict()
+    assert _differs(loaded["one"], start, skip=("carry_embedding",)), "the step must change the weights"
+    assert (objective == "carryover") == (not torch.equal(loaded["one"]["carry_embedding"], start["carry_embedding"]))
+    for name, tensor in loaded["one"].items():
+        torch.testing.assert_close(loaded["two"][name], tensor, atol=1e-6, rtol=1e-5)

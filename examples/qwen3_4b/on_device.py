@@ -15,7 +15,8 @@ import sys
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[1] not in ("regenerate", "features"):
-        print("usage: on_device.py DEVICE {regenerate,features} [options of that carryover-hf command]", file=sys.stderr)
+        print("usage: on_device.py DEVICE {regenerate,features} [options of that carryover-hf command]",
+              file=sys.stderr)
         return 2
     device, command, rest = argv[0], argv[1], argv[2:]
     from transformers import HfArgumentParser
@@ -30,7 +31,8 @@ def main(argv: list[str]) -> int:
         rows = load_rows(config.dataset, "dataset")  # a bad --dataset fails before the target loads
         target, _ = load_target(config.target, dtype=config.target_dtype, device=device)
         manifest = build_features(config, target=target, rows=rows)
-        print(json.dumps({"complete": manifest["complete"], **manifest["summary"], "fingerprint": manifest["fingerprint"]}))
+        summary = {"complete": manifest["complete"], **manifest["summary"], "fingerprint": manifest["fingerprint"]}
+        print(json.dumps(summary))
         return 0 if manifest["complete"] else 1
 
     from carryover_hf.data.regenerate import RegenerationConfig, regenerate
