@@ -63,6 +63,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--draft-vocab-size", type=int, default=None,
+                        help="give the 'after' drafter a draft vocabulary of this many ids (most frequent response "
+                        "tokens of the committed training set first); its head then runs over those rows only")
     parser.add_argument("--output", required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -72,6 +75,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         Old = load_old_drafter_class(args.before_commit, Path(folder))
         old = Old.from_pretrained(args.drafter, dtype=torch.float32).eval()
+    if args.draft_vocab_size:
+        from carryover_hf.data import load_regenerated
+        from carryover_hf.training.vocabulary import draft_vocabulary, response_token_counts
+
+        counts = response_token_counts(load_regenerated(ROOT / "assets/train/smollm2-135m"), new.config.vocab_size)
+        new.set_draft_vocabulary(draft_vocabulary(counts, args.draft_vocab_size))
     config = new.config
     block = config.block_size
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
@@ -168,6 +177,7 @@ def main() -> None:
         "command": "python benchmarks/proposal_before_after.py " + " ".join(sys.argv[1:]),
         "before_commit": args.before_commit,
         "drafter": args.drafter,
+        "after_draft_vocab_size": args.draft_vocab_size,
         "threads": args.threads,
         "carryover_hf": carryover_hf.__version__,
         "what": "per step: before proposal (1 new context row; carry variant: plus B-1 carry rows), after proposal "
