@@ -326,3 +326,20 @@ def test_several_runs_bad_input_is_refused(tmp_path, prompts_dir, model, tokeniz
         state["identity"]["target"] = config.target
         (other / regen.STATE_FILE).write_text(json.dumps(state))
         load_regenerated([config.output, other])
+
+
+def test_chunks_are_written_in_about_run_order(tmp_path, prompts_dir, model, tokenizer, monkeypatch):
+    # Later chunks join while a chunk's last rows run, but the oldest chunk's contexts go first: long prompts of
+    # an early chunk are not overtaken for ever by the short prompts of later ones, so every chunk ends soon.
+    written = []
+    write_chunk = regen._write_chunk
+
+    def record(output, index, rows, stats):
+        written.append(index)
+        write_chunk(output, index, rows, stats)
+
+    monkeypatch.setattr(regen, "_write_chunk", record)
+    config = _config(tmp_path, prompts_dir, batch_size=2, chunk_size=2, max_new_tokens=8)
+    regenerate(config, model=model, tokenizer=tokenizer, show_progress=False)
+    assert sorted(written) == list(range(8))
+    assert all(abs(index - position) <= 1 for position, index in enumerate(written)), written

@@ -538,7 +538,9 @@ def _generate_chunks(decoder: _Decoder | _GenerateDecoder, chunks: list[tuple[in
     from .chat import first_prompt_ids, next_turn_ids
 
     tokenizer = decoder.tokenizer
-    waiting: list[tuple[int, int, dict]] = []  # (context length, arrival, state): contexts sorted by length
+    # (chunk, context length, arrival, state): the oldest open chunk's contexts first (so that every chunk ends and
+    # is written), shortest first within a chunk (similar lengths prefill together)
+    waiting: list[tuple[int, int, int, dict]] = []
     arrivals = iter(range(1 << 62))
     upcoming = iter(chunks)
     open_chunks: dict[int, dict] = {}
@@ -562,7 +564,7 @@ def _generate_chunks(decoder: _Decoder | _GenerateDecoder, chunks: list[tuple[in
             state = {"record": record, "ids": ids, "mask": [0] * len(ids), "responses": [], "response_ids": [],
                      "finished": True, "chunk": index}  # fmt: skip
             entry["states"].append(state)
-            insort(waiting, (len(ids), next(arrivals), state), key=lambda item: item[:2])
+            insort(waiting, (index, len(ids), next(arrivals), state), key=lambda item: item[:3])
         entry["left"] = len(entry["states"])
         progress(len(entry["skipped"]), 0)
         if not entry["left"]:
@@ -574,7 +576,7 @@ def _generate_chunks(decoder: _Decoder | _GenerateDecoder, chunks: list[tuple[in
             pass
         taken, waiting[:count] = waiting[:count], []
         return [(state, state["ids"], min(config.max_new_tokens, config.max_length - len(state["ids"])))
-                for _, _, state in taken]  # fmt: skip
+                for *_, state in taken]  # fmt: skip
 
     def on_done(state: dict, ids: list[int], finished: bool) -> None:
         state["ids"] = state["ids"] + ids
@@ -588,7 +590,7 @@ def _generate_chunks(decoder: _Decoder | _GenerateDecoder, chunks: list[tuple[in
             state["ids"] = state["ids"] + between
             state["mask"] = state["mask"] + [0] * len(between)
             if len(state["ids"]) < config.max_length:
-                insort(waiting, (len(state["ids"]), next(arrivals), state), key=lambda item: item[:2])
+                insort(waiting, (state["chunk"], len(state["ids"]), next(arrivals), state), key=lambda item: item[:3])
                 return
             state["finished"] = False  # no room left for the next answer: reported as cut
         progress(1, 0)
