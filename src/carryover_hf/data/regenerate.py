@@ -764,8 +764,8 @@ def run_folders(paths) -> list[Path]:
                 if not (folder / STATE_FILE).is_file()]  # fmt: skip
     if len(set(map(os.path.realpath, folders))) < len(folders):
         problems.append("the same run folder is given twice")
-    if not problems:
-        targets = {str(f): json.loads((f / STATE_FILE).read_text())["identity"]["target"] for f in folders}
+    if not problems and len(folders) > 1:
+        targets = {str(f): json.loads((f / STATE_FILE).read_text()).get("identity", {}).get("target") for f in folders}
         if len(set(targets.values())) > 1:
             problems.append(f"the runs answer different targets: {targets}")
     if problems:
