@@ -305,3 +305,20 @@ def test_float16_storage_refuses_states_beyond_its_range(target, rows, tmp_path)
     with pytest.raises(FeatureStoreError, match="bfloat16"):
         build(loud, rows, tmp_path, dtype="float16")
     build(loud, rows, tmp_path / "bf16", dtype="bfloat16")  # bfloat16 holds them
+
+
+def test_default_init_skips_layers_whose_shapes_differ(target):
+    """The CLI's default (strict=False) keeps the final norm and copies no layer when shapes differ; explicit fails."""
+    from carryover_hf.training.initialization import last_layers
+
+    config = CarryoverDrafterConfig.from_target_config(
+        target.config, block_size=BLOCK, target_layer_ids=LAYERS, intermediate_size=24
+    )
+    drafter = CarryoverDrafterModel(config)
+    before = drafter.layers[0].mlp.up_proj.weight.clone()
+    layer = last_layers(drafter, target)
+    assert layer == target.config.num_hidden_layers - 1
+    copied = initialize_from_target(drafter, target, final_norm=True, layer=layer, strict=False)
+    assert list(copied) == ["norm.weight"] and torch.equal(drafter.layers[0].mlp.up_proj.weight, before)
+    with pytest.raises(ValueError, match="shape"):
+        initialize_from_target(drafter, target, layer=layer, strict=True)

@@ -9,8 +9,11 @@ lacks (Qwen3-style q/k norms for a Llama target) keep their default initialisati
 from __future__ import annotations
 
 import torch
+from transformers.utils import logging
 
 from ..modeling_carryover import CarryoverDrafterModel
+
+logger = logging.get_logger(__name__)
 
 _LAYER_WEIGHTS = (
     "self_attn.q_proj.weight",
@@ -34,15 +37,21 @@ def _decoder(target):
     return base
 
 
+def last_layers(drafter: CarryoverDrafterModel, target) -> int:
+    """The first of the target's last `len(drafter.layers)` layers: the default layer to initialise from."""
+    return len(_decoder(target).layers) - len(drafter.layers)
+
+
 @torch.no_grad()
 def initialize_from_target(
-    drafter: CarryoverDrafterModel, target, final_norm: bool = True, layer: int | None = None
+    drafter: CarryoverDrafterModel, target, final_norm: bool = True, layer: int | None = None, strict: bool = True
 ) -> dict[str, str]:
     """Copy the target's final norm (and, with `layer`, target layers `layer, layer + 1, ...` into drafter layers
     `0, 1, ...`) into `drafter`. Returns what was copied: drafter name -> target name.
 
     Raises if a requested layer is out of range; weights whose shapes differ are an error too (build the drafter
-    with `CarryoverDrafterConfig.from_target_config` so that they match).
+    with `CarryoverDrafterConfig.from_target_config` so that they match), unless `strict=False`, which copies no
+    layer weights then (the final norm still) and says so in a warning.
     """
     decoder = _decoder(target)
     copied: dict[str, str] = {}
@@ -57,6 +66,7 @@ def initialize_from_target(
             f"init layer {layer}: the target has {len(decoder.layers)} layers and the drafter {count}, so the first "
             f"copied layer must be in [0, {len(decoder.layers) - count}]."
         )
+    pairs = []
     for i, drafter_layer in enumerate(drafter.layers):
         source = dict(decoder.layers[layer + i].named_parameters())
         mine = dict(drafter_layer.named_parameters())
@@ -64,13 +74,19 @@ def initialize_from_target(
             if name not in source or name not in mine:
                 continue
             if source[name].shape != mine[name].shape:
-                raise ValueError(
+                message = (
                     f"target layer {layer + i} {name} has shape {tuple(source[name].shape)}, the drafter's "
                     f"{tuple(mine[name].shape)}: build the drafter with from_target_config to match the target."
                 )
-            mine[name].copy_(source[name])
-            copied[f"layers.{i}.{name}"] = f"layers.{layer + i}.{name}"
+                if strict:
+                    raise ValueError(message)
+                logger.warning(f"{message} No target layer weights were copied.")
+                return copied
+            pairs.append((f"layers.{i}.{name}", f"layers.{layer + i}.{name}", mine[name], source[name]))
+    for mine_name, source_name, mine, source in pairs:
+        mine.copy_(source)
+        copied[mine_name] = source_name
     return copied
 
 
-__all__ = ["initialize_from_target"]
+__all__ = ["initialize_from_target", "last_layers"]
