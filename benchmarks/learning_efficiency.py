@@ -144,7 +144,7 @@ def main() -> None:
     target, _ = load_target(train.settings["target"], dtype=train.settings["target_dtype"])
     target.requires_grad_(False).eval()
     for store in (train, evaluation):
-        store.check_compatible(type("C", (), {"target_layer_ids": train.target_layer_ids}), target)
+        store.check_compatible(train.target_layer_ids, target)
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     record_path = output / "learning_efficiency.json"

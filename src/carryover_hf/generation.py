@@ -115,10 +115,13 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         if self.confidence_threshold is not None and float(self.confidence_threshold) == 0.0:
             self.confidence_threshold = None  # 0 never cuts a proposal: the same as off (and turns off a config default)
         self.timing = bool(_option(generation_config, "carryover_timing", False))
-        # Speculative sampling (and Transformers' lossy ensemble mode) read the candidate logits; greedy does not.
-        self.return_logits = self.do_sample or getattr(generation_config, "assistant_ensemble_weight", None) is not None
-        # The confidence rule reads the drafter's probability of each draft under the distribution it was drawn from.
-        self.return_logits = self.return_logits or self.confidence_threshold is not None
+        # Speculative sampling, Transformers' lossy ensemble mode and the confidence rule read the candidate logits;
+        # plain greedy decoding does not.
+        self.return_logits = (
+            self.do_sample
+            or getattr(generation_config, "assistant_ensemble_weight", None) is not None
+            or self.confidence_threshold is not None
+        )
         self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
         self.device = drafter.device
 

@@ -267,12 +267,10 @@ class Proposal:
     tokens (`(..., R)`): target ids of the drafts.
     logits (`(..., R, V)`, *optional*): the processed full-vocabulary logits each draft was drawn from (what
         Transformers' speculative sampling needs); `None` when not asked for.
-    probabilities (`(..., R)`, *optional*): the drafter's probability of each chosen draft under those logits.
     """
 
     tokens: torch.LongTensor
     logits: torch.Tensor | None = None
-    probabilities: torch.Tensor | None = None
 
 
 def _choose(logits: torch.Tensor, do_sample: bool) -> torch.LongTensor:
@@ -281,13 +279,6 @@ def _choose(logits: torch.Tensor, do_sample: bool) -> torch.LongTensor:
         return logits.argmax(-1)
     flat = torch.softmax(logits.reshape(-1, logits.shape[-1]), dim=-1)
     return torch.multinomial(flat, num_samples=1).view(logits.shape[:-1])
-
-
-def _proposal(tokens, logits, return_logits: bool, return_probabilities: bool) -> Proposal:
-    probabilities = None
-    if return_probabilities:
-        probabilities = torch.softmax(logits, dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
-    return Proposal(tokens, logits if return_logits else None, probabilities)
 
 
 @dataclass
@@ -436,7 +427,6 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
         logits_processor=None,
         do_sample: bool = False,
         return_logits: bool = True,
-        return_probabilities: bool = False,
     ) -> Proposal:
         """Choose the drafts of block rows 1.. from their final-norm states: the one place that does it, for
         generation and for training's first draft alike.
@@ -457,7 +447,7 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
         """
         processors = list(logits_processor or [])
         parallel = self.markov_head is None and all(type(p).__name__ in POSITION_FREE_PROCESSORS for p in processors)
-        if parallel and not processors and not do_sample and not return_logits and not return_probabilities:
+        if parallel and not processors and not do_sample and not return_logits:
             return Proposal(head.argmax(block_states))
         if parallel:
             logits = head(block_states)
@@ -471,8 +461,8 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
                 tokens = _choose(logits, do_sample)
             else:
                 tokens = head.to_token_ids(_choose(logits, do_sample))
-                logits = head.to_full(logits) if return_logits or return_probabilities else None
-            return _proposal(tokens, logits, return_logits, return_probabilities)
+                logits = head.to_full(logits) if return_logits else None
+            return Proposal(tokens, logits if return_logits else None)
 
         # Row by row: row j's logits depend on the draft of row j - 1.
         tokens, rows, previous = [], [], anchor_ids
@@ -487,13 +477,13 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
                 previous = _choose(logits, do_sample)
             else:
                 previous = head.to_token_ids(_choose(logits, do_sample))
-                logits = head.to_full(logits) if return_logits or return_probabilities else None
+                logits = head.to_full(logits) if return_logits else None
             if candidate_ids is not None:
                 candidate_ids = torch.cat([candidate_ids, previous.view(candidate_ids.shape[0], 1)], dim=-1)
             tokens.append(previous)
             rows.append(logits)
-        logits = torch.stack(rows, dim=-2) if rows[0] is not None else None
-        return _proposal(torch.stack(tokens, dim=-1), logits, return_logits, return_probabilities)
+        logits = torch.stack(rows, dim=-2) if return_logits else None
+        return Proposal(torch.stack(tokens, dim=-1), logits)
 
     def forward(
         self,

@@ -190,7 +190,9 @@ def _draft_vocabulary(model_args: ModelArguments, drafter, train_rows, eval_rows
 
 
 def _first_rows(rows, count: int):
-    return rows.head(count) if hasattr(rows, "head") and not hasattr(rows, "select") else rows.select(range(count))
+    from .feature_store import FeatureStore
+
+    return rows.head(count) if isinstance(rows, FeatureStore) else rows.select(range(count))
 
 
 def _build_drafter(model_args: ModelArguments, target, default_layer_ids: list[int] | None = None, prepare=None):
@@ -235,13 +237,6 @@ def _build_drafter(model_args: ModelArguments, target, default_layer_ids: list[i
     return drafter
 
 
-def _layer_config(store):
-    """A stand-in config carrying the store's own layer ids (for checks that concern only the data)."""
-    from types import SimpleNamespace
-
-    return SimpleNamespace(target_layer_ids=store.target_layer_ids)
-
-
 def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, CarryoverTrainingArguments]:
     parser = HfArgumentParser((ModelArguments, DataArguments, CarryoverTrainingArguments), prog="carryover-hf train")
     if len(argv) == 1 and argv[0].endswith(".json"):
@@ -271,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         train_rows = _first_rows(train_rows, data_args.max_train_samples)
     if store is not None and data_args.dataset:
-        store.check_compatible(_layer_config(store), dataset=load_rows(data_args.dataset, "dataset"))
+        store.check_compatible(dataset=load_rows(data_args.dataset, "dataset"))
     if data_args.eval_features:
         eval_rows = FeatureStore(data_args.eval_features)
     else:

@@ -12,6 +12,18 @@ logger = logging.get_logger(__name__)
 REQUIRED_COLUMNS = ("input_ids", "loss_mask")
 
 
+def token_rows(rows):
+    """`{input_ids, loss_mask}` of every row, in order, reading nothing else: a `datasets.Dataset` in batches of the
+    two columns, a `FeatureStore` without its feature bytes, any other sequence of rows as it is."""
+    if hasattr(rows, "select_columns"):  # datasets.Dataset
+        for batch in rows.select_columns(list(REQUIRED_COLUMNS)).iter(batch_size=512):
+            yield from ({"input_ids": i, "loss_mask": m} for i, m in zip(batch["input_ids"], batch["loss_mask"]))
+    elif hasattr(rows, "token_rows"):  # FeatureStore
+        yield from rows.token_rows()
+    else:
+        yield from rows
+
+
 def check_training_dataset(
     dataset, vocab_size: int, max_length: int | None = None, name: str = "train_dataset"
 ) -> None:

@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .data import token_rows
+
 MANIFEST = "features.json"
 FORMAT_VERSION = 1
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -70,20 +72,12 @@ def target_fingerprint(target) -> str:
 def dataset_fingerprint(rows) -> str:
     """A checksum of every row's `input_ids` and `loss_mask`, in order."""
     digest = hashlib.sha256()
-    for row in _iter_rows(rows):
+    for row in token_rows(rows):
         digest.update(np.asarray(row["input_ids"], dtype=np.int64).tobytes())
         digest.update(b"|")
         digest.update(np.asarray(row["loss_mask"], dtype=np.int8).tobytes())
         digest.update(b"\n")
     return digest.hexdigest()[:16]
-
-
-def _iter_rows(rows):
-    if hasattr(rows, "select_columns"):  # datasets.Dataset: only the two columns, in batches
-        for batch in rows.select_columns(["input_ids", "loss_mask"]).iter(batch_size=256):
-            yield from ({"input_ids": i, "loss_mask": m} for i, m in zip(batch["input_ids"], batch["loss_mask"]))
-    else:
-        yield from rows
 
 
 # -- building -----------------------------------------------------------------------------------------------------
@@ -176,7 +170,7 @@ def _encode_rows(target, rows: list[dict], layer_ids: list[int], dtype: torch.dt
                 log_probs = torch.log_softmax(target_logits(target, states.last_hidden_state[i, :n]), dim=-1)
                 values, indices = log_probs.topk(top_k, dim=-1)
                 pieces["topk_ids"].append(indices.to(torch.int32).cpu())
-                pieces["topk_logprobs"].append(values.to(torch.float16 if dtype == torch.float16 else dtype).cpu())
+                pieces["topk_logprobs"].append(values.to(dtype).cpu())
     lengths = torch.tensor([0] + [p.shape[0] for p in pieces["input_ids"]], dtype=torch.int64)
     tensors = {key: torch.cat(value).contiguous() for key, value in pieces.items()}
     tensors["offsets"] = torch.cumsum(lengths, 0)
@@ -292,7 +286,7 @@ class FeatureStore(torch.utils.data.Dataset):
     """The rows of a finished feature store, read lazily (only the bytes of a row asked for).
 
     Opening checks the manifest and every shard (present, of the recorded size, readable header, same fingerprint),
-    so a damaged store fails before any training step. `check_compatible(drafter_config, target)` checks that the
+    so a damaged store fails before any training step. `check_compatible(layer_ids, target, dataset)` checks that the
     store was made for this drafter's layer ids and this target.
     """
 
@@ -346,12 +340,13 @@ class FeatureStore(torch.utils.data.Dataset):
     def has_topk(self) -> bool:
         return self.settings["top_k"] > 0
 
-    def check_compatible(self, drafter_config, target=None, dataset=None) -> None:
-        """Raises if the store does not fit the drafter (layer ids), the target (fingerprint) or the dataset."""
-        if list(drafter_config.target_layer_ids) != self.target_layer_ids:
+    def check_compatible(self, target_layer_ids=None, target=None, dataset=None) -> None:
+        """Raises if the store does not fit the drafter's layer ids, the target (fingerprint) or the dataset; checks
+        only what is given."""
+        if target_layer_ids is not None and list(target_layer_ids) != self.target_layer_ids:
             raise FeatureStoreError(
                 f"{self.path} stores target layers {self.target_layer_ids}, the drafter reads "
-                f"{list(drafter_config.target_layer_ids)}: build features for these layers "
+                f"{list(target_layer_ids)}: build features for these layers "
                 "(`carryover-hf features --target_layer_ids ...`) or train a drafter with the store's layers."
             )
         if target is not None and target_fingerprint(target) != self.settings["target_fingerprint"]:
@@ -375,14 +370,17 @@ class FeatureStore(torch.utils.data.Dataset):
             self._offsets[shard] = handle.get_tensor("offsets")
         return self._handles[shard]
 
+    def _span(self, index: int):
+        """The open shard holding row `index`, and the row's token range in it."""
+        shard = int(np.searchsorted(self._starts, index, side="right") - 1)
+        handle, offsets = self._handle(shard), self._offsets[shard]
+        local = index - int(self._starts[shard])
+        return handle, int(offsets[local]), int(offsets[local + 1])
+
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not 0 <= index < len(self):
             raise IndexError(f"row {index} is outside the store's {len(self)} rows")
-        shard = int(np.searchsorted(self._starts, index, side="right") - 1)
-        handle = self._handle(shard)
-        offsets = self._offsets[shard]
-        local = index - int(self._starts[shard])
-        lo, hi = int(offsets[local]), int(offsets[local + 1])
+        handle, lo, hi = self._span(index)
         row = {
             "input_ids": handle.get_slice("input_ids")[lo:hi].long(),
             "loss_mask": handle.get_slice("loss_mask")[lo:hi].long(),
@@ -396,10 +394,7 @@ class FeatureStore(torch.utils.data.Dataset):
     def token_rows(self):
         """Rows with `input_ids` and `loss_mask` only (no feature bytes are read)."""
         for index in range(len(self)):
-            shard = int(np.searchsorted(self._starts, index, side="right") - 1)
-            handle, offsets = self._handle(shard), self._offsets[shard]
-            local = index - int(self._starts[shard])
-            lo, hi = int(offsets[local]), int(offsets[local + 1])
+            handle, lo, hi = self._span(index)
             yield {"input_ids": handle.get_slice("input_ids")[lo:hi], "loss_mask": handle.get_slice("loss_mask")[lo:hi]}
 
     def head(self, num_rows: int) -> "FeatureStore":

@@ -147,17 +147,16 @@ class DrafterObjective:
         """The target's next-token distribution at the trained rows (label j of anchor a: the state at a + j - 1)."""
         if self.distillation is None:
             return None
+        source = topk[0] if topk is not None else last_hidden_state  # (b, T, ...): per-position teacher inputs
+        if source is None:
+            raise ValueError("Distillation needs the target's final-norm states or stored top-k log-probabilities.")
         positions = anchors[:, :, None] + torch.arange(labels.shape[-1], device=anchors.device)  # (b, A, B-1)
+        positions = positions.clamp(max=source.shape[1] - 1)[valid]
+        rows = torch.arange(anchors.shape[0], device=anchors.device)[:, None, None].expand_as(valid)[valid]
         if topk is not None:
             ids, log_probs = topk
-            positions = positions.clamp(max=ids.shape[1] - 1)
-            rows = torch.arange(ids.shape[0], device=ids.device)[:, None, None].expand_as(positions)
-            return TopKTeacher(ids[rows[valid], positions[valid]], log_probs[rows[valid], positions[valid]], head.to_draft_indices)
-        if last_hidden_state is None:
-            raise ValueError("Distillation needs the target's final-norm states or stored top-k log-probabilities.")
-        positions = positions.clamp(max=last_hidden_state.shape[1] - 1)
-        rows = torch.arange(positions.shape[0], device=positions.device)[:, None, None].expand_as(positions)
-        states = last_hidden_state[rows[valid], positions[valid]]  # (N, H)
+            return TopKTeacher(ids[rows, positions], log_probs[rows, positions], head.to_draft_indices)
+        states = last_hidden_state[rows, positions]  # (N, H)
         return DenseTeacher(states, lambda s: target_logits(self.target, s), head.token_ids)
 
     def _trained_draft_loss(

@@ -112,7 +112,7 @@ class CarryoverTrainer(Trainer):
         for dataset in [train_dataset, *eval_sets]:
             if isinstance(dataset, FeatureStore):
                 # Offline features must come from this target and hold this drafter's layers.
-                dataset.check_compatible(drafter.config, target_model)
+                dataset.check_compatible(drafter.config.target_layer_ids, target_model)
                 if options["distillation"] and self.objective == "dflash" and not dataset.has_topk:
                     raise ValueError(
                         f"--distillation {options['distillation']} needs the target's distribution, and {dataset.path} "

@@ -12,25 +12,17 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from .data import token_rows
+
 
 def response_token_counts(rows: Iterable, vocab_size: int) -> np.ndarray:
     """How often each token id occurs as a response token (`loss_mask == 1`), `(vocab_size,)` int64."""
     counts = np.zeros(vocab_size, dtype=np.int64)
-    for row in _token_rows(rows):
+    for row in token_rows(rows):
         ids = np.asarray(row["input_ids"], dtype=np.int64)
         mask = np.asarray(row["loss_mask"], dtype=bool)
         counts += np.bincount(ids[mask], minlength=vocab_size)[:vocab_size]
     return counts
-
-
-def _token_rows(rows):
-    if hasattr(rows, "select_columns"):  # datasets.Dataset
-        for batch in rows.select_columns(["input_ids", "loss_mask"]).iter(batch_size=512):
-            yield from ({"input_ids": i, "loss_mask": m} for i, m in zip(batch["input_ids"], batch["loss_mask"]))
-    elif hasattr(rows, "token_rows"):  # FeatureStore: tokens only, no feature bytes read
-        yield from rows.token_rows()
-    else:
-        yield from rows
 
 
 def draft_vocabulary(counts: np.ndarray, size: int) -> np.ndarray:
