@@ -98,7 +98,7 @@ def test_rehearsal_runs_every_stage_end_to_end(tmp_path):
     from carryover_hf.hub import detect_format
     from carryover_hf.testing import REHEARSAL_LAYER_IDS, REHEARSAL_TARGET, REHEARSAL_ZLAB_DRAFTER
     from carryover_hf.training.cli import load_rows
-    from carryover_hf.training.feature_store import FeatureStore, dataset_fingerprint
+    from carryover_hf.training.feature_store import FeatureStore
 
     started = time.perf_counter()
     result = _run(tmp_path, CARRYOVER_REHEARSAL="1")
@@ -131,7 +131,7 @@ def test_rehearsal_runs_every_stage_end_to_end(tmp_path):
     store = FeatureStore(runs / "features")
     manifest = store.manifest
     assert manifest["complete"] and len(manifest["shards"]) == 4 and len(store) == len(rows)
-    assert manifest["settings"]["data_fingerprint"] == dataset_fingerprint(rows)
+    store.check_compatible(dataset=rows)  # every shard holds exactly these rows (raises otherwise)
     assert store.target_layer_ids == REHEARSAL_LAYER_IDS == converted.config.target_layer_ids
     assert sum(s["tokens"] for s in manifest["shards"]) == sum(len(ids) for ids in rows["input_ids"])
 

@@ -153,6 +153,44 @@ def test_resumed_build_equals_one_build(target, rows, tmp_path):
         assert torch.equal(one[i]["target_features"], two[i]["target_features"])
 
 
+def test_store_grows_with_its_dataset_and_encodes_only_the_new_rows(target, rows, tmp_path, monkeypatch):
+    """A regeneration run gains chunks: rerunning the build keeps the full shards, redoes the short last one, and
+    ends equal to a build of the grown dataset in one go."""
+    import carryover_hf.training.feature_store as feature_store
+
+    first = rows.select(range(6))  # shards of 4: one full, one short (2 rows)
+    build(target, first, tmp_path / "grown")
+    kept = (tmp_path / "grown" / "shard-00000.safetensors").stat().st_mtime_ns
+    encoded = []
+    original = feature_store._encode_rows
+    monkeypatch.setattr(feature_store, "_encode_rows", lambda t, shard, *a: encoded.append(len(shard)) or original(t, shard, *a))
+    manifest = build(target, rows, tmp_path / "grown")
+    assert encoded == [4, 2]  # rows 4-7 (the short shard, redone with its new rows) and 8-9; rows 0-3 kept
+    assert (tmp_path / "grown" / "shard-00000.safetensors").stat().st_mtime_ns == kept
+    assert manifest["complete"] and manifest["num_rows"] == len(rows)
+    build(target, rows, tmp_path / "once")
+    grown, once = FeatureStore(tmp_path / "grown"), FeatureStore(tmp_path / "once")
+    assert grown.manifest["data_fingerprint"] == once.manifest["data_fingerprint"]
+    grown.check_compatible(dataset=rows)
+    for i in range(len(rows)):
+        assert torch.equal(grown[i]["target_features"], once[i]["target_features"])
+        assert torch.equal(grown[i]["input_ids"], once[i]["input_ids"])
+    encoded.clear()
+    build(target, rows, tmp_path / "grown")  # nothing new: nothing encoded
+    assert encoded == []
+
+
+def test_store_refuses_a_dataset_with_other_or_fewer_rows(target, rows, tmp_path):
+    build(target, rows.select(range(8)), tmp_path)
+    reordered = rows.select([1, 0, *range(2, 10)])
+    with pytest.raises(FeatureStoreError, match="other rows than the dataset given.*from row 0"):
+        build(target, reordered, tmp_path)
+    with pytest.raises(FeatureStoreError, match="other rows than the dataset given"):
+        build(target, rows.select(range(4)), tmp_path)  # the store holds more rows than the dataset
+    with pytest.raises(FeatureStoreError, match="other data than the --dataset given"):
+        FeatureStore(tmp_path).check_compatible(dataset=rows)  # 10 rows given, 8 stored
+
+
 def test_resume_with_other_settings_is_refused(target, rows, tmp_path):
     build(target, rows, tmp_path, max_shards=1)
     with pytest.raises(FeatureStoreError, match="another build.*dtype"):

@@ -9,9 +9,12 @@ top-k next-token log-probabilities, into memory-mappable safetensors shards:
                                    features (N, k * H) bf16/fp16/fp32, [topk_ids (N, K) int32, topk_logprobs (N, K)]
 
 N is the number of tokens of the shard's rows, concatenated. A shard is written to a temporary name and renamed when
-complete, so an interrupted run resumes at its first missing shard. The fingerprint covers the target (name, config
-and a checksum of its weights), the layer ids, the storage dtype, the top-k and the data (every row's tokens and loss
-mask); a resumed build and a training run must match it.
+complete, so an interrupted run resumes at its first missing shard. The build's fingerprint covers the target (name,
+config and a checksum of its weights), the layer ids, the storage dtype, the top-k and the shard size; every shard
+also records the fingerprint of its own rows (tokens and loss mask). So a store follows a growing dataset (a
+regeneration run that gains chunks): rerunning the same command checks the stored shards against the dataset's first
+rows and encodes only the rows that are new (a short last shard is redone). Rows that differ are an error, as is any
+other setting.
 
 `FeatureStore(DIR)` is a `torch.utils.data.Dataset` of rows `{input_ids, loss_mask, target_features, ...}` that reads
 only the bytes of the row asked for; `CarryoverDataCollator` pads them and the dflash objective then trains with no
@@ -40,7 +43,7 @@ import torch
 from .data import token_rows
 
 MANIFEST = "features.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-shard data fingerprints, so a store can grow with its dataset
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _TOKEN_TENSORS = ("input_ids", "loss_mask", "offsets")
 
@@ -71,13 +74,32 @@ def target_fingerprint(target) -> str:
 
 def dataset_fingerprint(rows) -> str:
     """A checksum of every row's `input_ids` and `loss_mask`, in order."""
-    digest = hashlib.sha256()
+    return _row_digests(rows, None)[0]
+
+
+def shard_fingerprints(rows, shard_rows: int) -> list[str]:
+    """`dataset_fingerprint` of each run of `shard_rows` rows (the last run may be shorter), in one pass."""
+    return _row_digests(rows, shard_rows)
+
+
+def _row_digests(rows, group: int | None) -> list[str]:
+    digests, digest, count = [], hashlib.sha256(), 0
     for row in token_rows(rows):
         digest.update(np.asarray(row["input_ids"], dtype=np.int64).tobytes())
         digest.update(b"|")
         digest.update(np.asarray(row["loss_mask"], dtype=np.int8).tobytes())
         digest.update(b"\n")
-    return digest.hexdigest()[:16]
+        count += 1
+        if group is not None and count % group == 0:
+            digests.append(digest.hexdigest()[:16])
+            digest = hashlib.sha256()
+    if group is None or count % group:
+        digests.append(digest.hexdigest()[:16])
+    return digests
+
+
+def _combined(fingerprints: list[str]) -> str:
+    return hashlib.sha256(",".join(fingerprints).encode()).hexdigest()[:16]
 
 
 # -- building -----------------------------------------------------------------------------------------------------
@@ -120,16 +142,44 @@ def _settings(config: FeatureBuildConfig, target, layer_ids: list[int], rows) ->
         "target_layer_ids": list(layer_ids),
         "dtype": config.dtype,
         "top_k": config.top_k,
-        "num_rows": len(rows),
-        "data_fingerprint": dataset_fingerprint(rows),
         "shard_rows": config.shard_rows,
     }
 
 
 def fingerprint_of(settings: dict) -> str:
-    keys = ("format_version", "target_fingerprint", "target_dtype", "target_layer_ids", "dtype", "top_k",
-            "data_fingerprint", "num_rows", "shard_rows")  # fmt: skip
+    """The build's fingerprint: everything but the rows (each shard records its rows' own fingerprint)."""
+    keys = ("format_version", "target_fingerprint", "target_dtype", "target_layer_ids", "dtype", "top_k", "shard_rows")
     return hashlib.sha256(json.dumps({k: settings[k] for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _kept_shards(manifest: dict, rows, expected: list[str], out: Path) -> list[dict]:
+    """The stored shards that hold exactly the dataset's rows at their place (`expected`: the dataset's shard
+    fingerprints); raises where they hold other rows. A short last shard whose rows begin the dataset's longer run
+    is dropped, to be encoded again with the rows the dataset has gained."""
+    stored, kept, lo = manifest["shards"], [], 0
+    for index, shard in enumerate(stored):
+        if index < len(expected) and shard["data_fingerprint"] == expected[index]:
+            kept.append(shard)
+            lo += shard["rows"]
+            continue
+        grown = (
+            index == len(stored) - 1
+            and index < len(expected)
+            and lo + shard["rows"] < len(rows)
+            and shard["data_fingerprint"] == dataset_fingerprint(_slice(rows, lo, lo + shard["rows"]))
+        )
+        if grown:
+            break
+        raise FeatureStoreError(
+            f"{out} holds other rows than the dataset given (from row {lo}, shard {shard['file']}; the store has "
+            f"{sum(s['rows'] for s in stored)} rows, the dataset {len(rows)}): use a new --output folder for this "
+            "dataset, or delete this one to rebuild it."
+        )
+    return kept
+
+
+def _slice(rows, lo: int, hi: int):
+    return rows.select(range(lo, hi)) if hasattr(rows, "select") else rows[lo:hi]
 
 
 def _shard_name(index: int) -> str:
@@ -216,39 +266,49 @@ def build_features(config: FeatureBuildConfig, target=None, rows=None, progress:
     out.mkdir(parents=True, exist_ok=True)
     settings = _settings(config, target, layer_ids, rows)
     manifest_path = out / MANIFEST
+    fingerprint = fingerprint_of(settings)
+    expected = shard_fingerprints(rows, config.shard_rows)  # one cheap pass over the tokens
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
-        if manifest.get("fingerprint") != fingerprint_of(settings):
+        if manifest.get("settings", {}).get("format_version") != FORMAT_VERSION:
+            raise FeatureStoreError(
+                f"{out} holds a feature store of format {manifest.get('settings', {}).get('format_version')} (this "
+                f"version writes {FORMAT_VERSION}); delete it and rerun the command to rebuild it."
+            )
+        if manifest.get("fingerprint") != fingerprint:
             differing = sorted(k for k in settings if manifest.get("settings", {}).get(k) != settings[k])
             raise FeatureStoreError(
                 f"{out} holds features of another build (differing: {differing}). Use a new --output folder, or "
                 "delete this one to rebuild it."
             )
+        manifest["shards"] = _kept_shards(manifest, rows, expected, out)
     else:
-        manifest = {"fingerprint": fingerprint_of(settings), "settings": settings, "shards": [], "complete": False}
+        manifest = {"fingerprint": fingerprint, "settings": settings, "shards": []}
 
-    num_shards = -(-len(rows) // config.shard_rows)
+    spans = [(lo, min(len(rows), lo + config.shard_rows)) for lo in range(0, len(rows), config.shard_rows)]
     done = len(manifest["shards"])
-    todo = range(done, num_shards if config.max_shards is None else min(num_shards, done + config.max_shards))
+    todo = range(done, len(spans) if config.max_shards is None else min(len(spans), done + config.max_shards))
     dtype = STORAGE_DTYPES[config.dtype]
-    bar = tqdm(total=len(rows), initial=min(len(rows), done * config.shard_rows), unit="row", desc="features",
+    bar = tqdm(total=len(rows), initial=sum(s["rows"] for s in manifest["shards"]), unit="row", desc="features",
                disable=not progress)  # fmt: skip
     started = time.perf_counter()
     for index in todo:
-        lo, hi = index * config.shard_rows, min(len(rows), (index + 1) * config.shard_rows)
+        lo, hi = spans[index]
         shard_rows = [rows[i] for i in range(lo, hi)]
+        data_fingerprint = expected[index]
         tensors = _encode_rows(target, shard_rows, layer_ids, dtype, config.top_k, config.batch_size)
         path = out / _shard_name(index)
         temporary = path.with_suffix(".tmp")
-        save_file(tensors, str(temporary), metadata={"fingerprint": manifest["fingerprint"], "first_row": str(lo)})
+        metadata = {"fingerprint": fingerprint, "data_fingerprint": data_fingerprint, "first_row": str(lo)}
+        save_file(tensors, str(temporary), metadata=metadata)
         os.replace(temporary, path)
-        manifest["shards"].append(
-            {"file": path.name, "rows": hi - lo, "tokens": int(tensors["offsets"][-1]), "bytes": path.stat().st_size}
-        )
-        manifest["complete"] = len(manifest["shards"]) == num_shards
+        manifest["shards"].append({"file": path.name, "rows": hi - lo, "tokens": int(tensors["offsets"][-1]),
+                                   "bytes": path.stat().st_size, "data_fingerprint": data_fingerprint})  # fmt: skip
+        _update_progress(manifest, len(spans))
         _write_manifest(manifest_path, manifest)
         bar.update(hi - lo)
     bar.close()
+    _update_progress(manifest, len(spans))
     tokens = sum(s["tokens"] for s in manifest["shards"])
     manifest["summary"] = {
         "rows": sum(s["rows"] for s in manifest["shards"]),
@@ -273,6 +333,13 @@ def _layer_ids(config: FeatureBuildConfig, target_config) -> list[int]:
     from ..configuration_carryover import default_target_layer_ids
 
     return default_target_layer_ids(target_config.get_text_config().num_hidden_layers, config.num_layer_ids)
+
+
+def _update_progress(manifest: dict, num_shards: int) -> None:
+    """How far the build got: rows stored, their fingerprint, and whether they are the whole dataset."""
+    manifest["num_rows"] = sum(shard["rows"] for shard in manifest["shards"])
+    manifest["data_fingerprint"] = _combined([shard["data_fingerprint"] for shard in manifest["shards"]])
+    manifest["complete"] = len(manifest["shards"]) == num_shards
 
 
 def _write_manifest(path: Path, manifest: dict) -> None:
@@ -322,7 +389,7 @@ class FeatureStore(torch.utils.data.Dataset):
                     metadata = handle.metadata() or {}
             except Exception as error:  # safetensors raises its own error types for bad headers
                 raise FeatureStoreError(f"{self.path}: shard {shard['file']} is unreadable ({error}).") from error
-            if metadata.get("fingerprint") != self.manifest["fingerprint"]:
+            if (metadata.get("fingerprint"), metadata.get("data_fingerprint")) != (self.manifest["fingerprint"], shard["data_fingerprint"]):
                 raise FeatureStoreError(f"{self.path}: shard {shard['file']} belongs to another build (fingerprint).")
             self._shards.append(file)
             starts.append(starts[-1] + shard["rows"])
@@ -354,8 +421,13 @@ class FeatureStore(torch.utils.data.Dataset):
                 f"{self.path} was built with another target (or other weights or dtype) than the one given "
                 f"({target.config._name_or_path!r}); rebuild the features with this target."
             )
-        if dataset is not None and dataset_fingerprint(dataset) != self.settings["data_fingerprint"]:
-            raise FeatureStoreError(f"{self.path} was built from other data than the --dataset given.")
+        if dataset is not None:
+            stored = [shard["data_fingerprint"] for shard in self.manifest["shards"]]
+            if shard_fingerprints(dataset, self.settings["shard_rows"]) != stored:
+                raise FeatureStoreError(
+                    f"{self.path} was built from other data than the --dataset given ({len(dataset)} rows; the store "
+                    f"holds {len(self)}): rerun `carryover-hf features` with this dataset to bring the store up to date."
+                )
 
     # -- rows ----------------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -435,5 +507,6 @@ __all__ = [
     "FeatureStoreError",
     "build_features",
     "dataset_fingerprint",
+    "shard_fingerprints",
     "target_fingerprint",
 ]
