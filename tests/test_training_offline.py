@@ -130,6 +130,27 @@ def test_offline_training_runs_no_target_forward(target, store_dir, tmp_path, mo
     assert any("loss" in entry for entry in trainer.state.log_history)
 
 
+def test_length_grouped_batches_read_lengths_from_the_offsets_alone(target, rows, store_dir, tmp_path, monkeypatch):
+    store = FeatureStore(store_dir)
+    lengths = [len(ids) for ids in rows["input_ids"]]
+    assert store.row_lengths() == lengths and store.head(7).row_lengths() == lengths[:7]
+    args = CarryoverTrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, num_anchors=4, max_steps=2, warmup_steps=0,
+        save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, train_sampling_strategy="group_by_length",
+    )  # fmt: skip
+    trainer = CarryoverTrainer(model=make_drafter(target), target_model=target, args=args, train_dataset=store)
+    monkeypatch.setattr(FeatureStore, "__getitem__", lambda *a: pytest.fail("a row was read to find its length"))
+    sampler = trainer._get_train_sampler()
+    assert sampler.lengths == lengths
+    order = list(sampler)
+    assert sorted(order) == list(range(len(rows)))
+    # Transformers' grouping: megabatches of 50 batches, each sorted longest first (here all 10 rows in one).
+    assert [lengths[i] for i in order] == sorted(lengths, reverse=True)
+    monkeypatch.undo()
+    trainer.train()  # and it trains
+    assert trainer.state.global_step == 2
+
+
 def test_topk_distillation_from_the_store_matches_dense_on_the_same_support(target, rows, store_dir):
     """With K = vocabulary size the stored top-k is the whole distribution: sparse KL equals the online dense KL."""
     full = store_dir.parent / "full_topk"

@@ -24,6 +24,14 @@ def token_rows(rows):
         yield from rows
 
 
+def row_lengths(rows) -> list[int]:
+    """Tokens per row without reading anything else: a `FeatureStore`'s offsets, a `datasets.Dataset`'s
+    `input_ids` column, or the rows themselves."""
+    if hasattr(rows, "row_lengths"):  # FeatureStore
+        return rows.row_lengths()
+    return [len(row["input_ids"]) for row in token_rows(rows)]
+
+
 def check_training_dataset(
     dataset, vocab_size: int, max_length: int | None = None, name: str = "train_dataset"
 ) -> None:

@@ -469,6 +469,14 @@ class FeatureStore(torch.utils.data.Dataset):
             handle, lo, hi = self._span(index)
             yield {"input_ids": handle.get_slice("input_ids")[lo:hi], "loss_mask": handle.get_slice("loss_mask")[lo:hi]}
 
+    def row_lengths(self) -> list[int]:
+        """Tokens per row, from the shards' offsets alone (for length-grouped batches; no row is read)."""
+        lengths = []
+        for shard in range(len(self._shards)):
+            self._handle(shard)
+            lengths.extend(self._offsets[shard].diff().tolist())
+        return lengths[: len(self)]
+
     def head(self, num_rows: int) -> "FeatureStore":
         """The same store limited to its first `num_rows` rows (what `--max_train_samples` selects)."""
         if not 1 <= num_rows <= len(self):

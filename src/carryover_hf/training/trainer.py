@@ -14,7 +14,7 @@ from ..compatibility import check_compatibility, check_target
 from ..modeling_carryover import CarryoverDrafterModel
 from .arguments import OBJECTIVES, CarryoverTrainingArguments
 from .collator import CarryoverDataCollator
-from .data import check_training_dataset
+from .data import check_training_dataset, row_lengths
 from .feature_store import FeatureStore
 from .lora import base_drafter, is_peft_model, load_extra_trainable_state, save_extra_trainable_state
 from .losses import DISTILLATION_KINDS, default_gamma
@@ -161,6 +161,18 @@ class CarryoverTrainer(Trainer):
             target_model.to(self.args.device)
 
     # -- data: the collator needs the raw columns ----------------------------------------------------------------
+    def _get_train_sampler(self, train_dataset=None):
+        """`--train_sampling_strategy group_by_length` batches rows of similar length together (less padding of
+        the context rows, which the fusion and attention pay for). The lengths come from the tokens alone: a feature
+        store's offsets, a dataset's `input_ids`; Transformers' own sampler would read every row, features and all."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if self.args.train_sampling_strategy == "group_by_length" and dataset is not None:
+            from transformers.trainer_pt_utils import LengthGroupedSampler
+
+            batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
+            return LengthGroupedSampler(batch, lengths=row_lengths(dataset))
+        return super()._get_train_sampler(train_dataset)
+
     def _remove_unused_columns(self, dataset, description: str | None = None):
         return dataset
 
