@@ -90,14 +90,14 @@ stage_convert() {
 
 stage_regenerate() {
   if [ -n "${DATASET:-}" ]; then echo "using DATASET=$DATASET"; return; fi
-  python "$HERE/on_device.py" "$DEVICE" regenerate --target "$TARGET" --dtype "$DTYPE" --split train \
+  python examples/on_device.py "$DEVICE" regenerate --target "$TARGET" --dtype "$DTYPE" --split train \
     --output "$DATA" "${REGENERATE[@]}"
 }
 
 stage_features() {
   if [ "$USE_FEATURES" != 1 ]; then echo "USE_FEATURES=$USE_FEATURES: the baseline trains online"; return; fi
   # bfloat16 storage: the target computes in bf16, and Qwen-family states can exceed float16's range.
-  python "$HERE/on_device.py" "$DEVICE" features --target "$TARGET" --target_dtype "$DTYPE" --dataset "$DATA" \
+  python examples/on_device.py "$DEVICE" features --target "$TARGET" --target_dtype "$DTYPE" --dataset "$DATA" \
     --drafter "$CONVERTED" --dtype bfloat16 --output "$RUNS/features" "${FEATURES[@]}"
 }
 

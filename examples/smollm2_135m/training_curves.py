@@ -1,9 +1,11 @@
 """Record the training runs of the shipped SmolLM2-135M drafters: loss curves (JSON + PNG) and each run's arguments.
 
     python examples/smollm2_135m/training_curves.py runs/smollm2-135m benchmarks/results/smollm2-135m-training
+    python examples/smollm2_135m/training_curves.py RUNS OUT/curves examples/smollm2_135m/gpu.sh   # the GPU fast path
 
 Reads `trainer_state.json` (its `log_history`) and `training_args.bin`-free metadata from each run folder of
-`reproduce.sh` (baseline, continued, carryover) and writes `<run>.json`, `curves.png` and `README.md` to the output.
+`reproduce.sh` or `gpu.sh` (baseline, continued, carryover; the optional third argument names the script that made
+them, default reproduce.sh) and writes `<run>.json`, `curves.png` and `README.md` to the output.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def _state(run: Path) -> dict:
     raise FileNotFoundError(f"no trainer_state.json in {run} or its checkpoints")
 
 
-def main(runs_dir: str, output_dir: str) -> None:
+def main(runs_dir: str, output_dir: str, script: str = "examples/smollm2_135m/reproduce.sh") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,7 +48,7 @@ def main(runs_dir: str, output_dir: str) -> None:
         history = [{k: entry[k] for k in ("step", "epoch", *KEYS) if k in entry} for entry in state["log_history"]]
         logged = [entry for entry in history if "loss" in entry]
         config = json.loads((run / "config.json").read_text()) if (run / "config.json").is_file() else {}
-        record = {"run": name, "command": f"bash examples/smollm2_135m/reproduce.sh {name}",
+        record = {"run": name, "command": f"bash {script} {name}",
                   "global_step": state.get("global_step"), "log_history": history, "drafter_config": config}  # fmt: skip
         (output / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
         # Continuations start where the baseline ended, so their curves are drawn after it.
@@ -68,10 +70,9 @@ def main(runs_dir: str, output_dir: str) -> None:
     figure.tight_layout()
     figure.savefig(output / "curves.png", dpi=120)
     (output / "README.md").write_text("# Training runs of the SmolLM2-135M drafters\n\n" + "\n".join(lines) + "\n\n"
-                                      "Made by `examples/smollm2_135m/reproduce.sh`; curves in `curves.png`, full "
-                                      "logs in `<run>.json`.\n")  # fmt: skip
+                                      f"Made by `{script}`; curves in `curves.png`, full logs in `<run>.json`.\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

@@ -1,7 +1,7 @@
 """Tiny random targets and drafters, for tests, examples and smoke runs (no downloads).
 
 Also z-lab DFlash checkpoints in their published layout (`save_zlab_checkpoint`), and the tiny stand-ins of the
-Qwen3-4B recipe's Hub repositories (`build_rehearsal_hub`; `python -m carryover_hf.testing rehearsal-hub CACHE`).
+recipes' Hub repositories (`build_rehearsal_hub`; `python -m carryover_hf.testing rehearsal-hub CACHE [RECIPE]`).
 """
 
 from __future__ import annotations
@@ -174,49 +174,71 @@ def tiny_zlab_checkpoint(
     return save_zlab_checkpoint(folder, weights, config)
 
 
-# The Qwen3-4B recipe's repositories, as tiny stand-ins (examples/qwen3_4b/recipe.sh with CARRYOVER_REHEARSAL=1).
+# The recipes' Hub repositories, as tiny stand-ins: examples/qwen3_4b/recipe.sh (a Qwen3 target and z-lab's drafter)
+# and examples/smollm2_135m/gpu.sh (a Llama target with SmolLM2's chat template), with CARRYOVER_REHEARSAL=1.
 REHEARSAL_TARGET = "carryover-hf-rehearsal/tiny-qwen3"
 REHEARSAL_ZLAB_DRAFTER = "carryover-hf-rehearsal/tiny-qwen3-dflash-b4"
 REHEARSAL_LAYER_IDS = [0, 2]
+REHEARSAL_SMOLLM2_TARGET = "carryover-hf-rehearsal/tiny-smollm2"
+REHEARSAL_RECIPES = ("qwen3", "smollm2")
 
 
-def build_rehearsal_hub(cache_dir: str | Path, work_dir: str | Path | None = None) -> dict[str, Path]:
-    """Puts a tiny random Qwen3 target (with a chat tokenizer and a `<|mask|>` token, as Qwen3-4B has one) and a
-    tiny z-lab-format DFlash drafter for it (bfloat16, as z-lab publishes) into the Hub cache `cache_dir`, under
-    `REHEARSAL_TARGET` and `REHEARSAL_ZLAB_DRAFTER`. Idempotent: the same seeds give the same files and revision."""
+def build_rehearsal_hub(
+    cache_dir: str | Path, work_dir: str | Path | None = None, recipe: str = "qwen3"
+) -> dict[str, Path]:
+    """Puts a recipe's tiny stand-ins into the Hub cache `cache_dir`; returns their snapshot folders by repo id.
+
+    `recipe="qwen3"`: a tiny random Qwen3 target (with a chat tokenizer and a `<|mask|>` token, as Qwen3-4B has one)
+    and a tiny z-lab-format DFlash drafter for it (bfloat16, as z-lab publishes), under `REHEARSAL_TARGET` and
+    `REHEARSAL_ZLAB_DRAFTER`. `recipe="smollm2"`: a tiny random Llama with SmolLM2's special tokens, chat template,
+    tied embeddings and pad token (= EOS, the default mask token of a new drafter), under `REHEARSAL_SMOLLM2_TARGET`.
+    Idempotent: the same seeds give the same files and revision."""
     import tempfile
 
     from .data.chat import tiny_chat_tokenizer
     from .hub.local_cache import add_to_hub_cache
 
+    if recipe not in REHEARSAL_RECIPES:
+        raise ValueError(f"recipe must be one of {REHEARSAL_RECIPES}, got {recipe!r}")
     tokenizer = tiny_chat_tokenizer()
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|mask|>"]})
-    mask = tokenizer.convert_tokens_to_ids("<|mask|>")
-    target = tiny_target("qwen3", vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=4,
-                         max_position_embeddings=4096, seed=0)  # fmt: skip
+    shape = dict(hidden_size=64, num_hidden_layers=4, max_position_embeddings=4096, seed=0)
+    if recipe == "qwen3":
+        tokenizer.add_special_tokens({"additional_special_tokens": ["<|mask|>"]})
+        name, target = REHEARSAL_TARGET, tiny_target("qwen3", vocab_size=len(tokenizer), **shape)
+    else:
+        # Tied embeddings at the default init make greedy decoding repeat the last token forever; a wider init gives
+        # varied answers, so the drafters meet rejected drafts (carry rows) in training.
+        special = {key: getattr(tokenizer, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        name = REHEARSAL_SMOLLM2_TARGET
+        target = tiny_target("llama", vocab_size=len(tokenizer), tie_word_embeddings=True, initializer_range=0.3,
+                             **shape, **special)  # fmt: skip
     with tempfile.TemporaryDirectory(dir=work_dir) as scratch:
-        target.save_pretrained(Path(scratch) / "target")
-        tokenizer.save_pretrained(Path(scratch) / "target")
-        tiny_zlab_checkpoint(Path(scratch) / "zlab", target, REHEARSAL_LAYER_IDS, mask, num_hidden_layers=1,
-                             block_size=4, dtype=torch.bfloat16, seed=1)  # fmt: skip
-        return {
-            REHEARSAL_TARGET: add_to_hub_cache(Path(scratch) / "target", REHEARSAL_TARGET, cache_dir),
-            REHEARSAL_ZLAB_DRAFTER: add_to_hub_cache(Path(scratch) / "zlab", REHEARSAL_ZLAB_DRAFTER, cache_dir),
-        }
+        scratch = Path(scratch)
+        target.save_pretrained(scratch / "target")
+        tokenizer.save_pretrained(scratch / "target")
+        built = {name: add_to_hub_cache(scratch / "target", name, cache_dir)}
+        if recipe == "qwen3":
+            mask = tokenizer.convert_tokens_to_ids("<|mask|>")
+            tiny_zlab_checkpoint(scratch / "zlab", target, REHEARSAL_LAYER_IDS, mask, num_hidden_layers=1,
+                                 block_size=4, dtype=torch.bfloat16, seed=1)  # fmt: skip
+            built[REHEARSAL_ZLAB_DRAFTER] = add_to_hub_cache(scratch / "zlab", REHEARSAL_ZLAB_DRAFTER, cache_dir)
+        return built
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 2 or argv[0] != "rehearsal-hub":
-        print("usage: python -m carryover_hf.testing rehearsal-hub HF_HUB_CACHE", file=sys.stderr)
+    if len(argv) not in (2, 3) or argv[0] != "rehearsal-hub" or argv[2:] and argv[2] not in REHEARSAL_RECIPES:
+        print(f"usage: python -m carryover_hf.testing rehearsal-hub HF_HUB_CACHE [{'|'.join(REHEARSAL_RECIPES)}]",
+              file=sys.stderr)  # fmt: skip
         return 2
-    for repo, snapshot in build_rehearsal_hub(argv[1]).items():
+    for repo, snapshot in build_rehearsal_hub(argv[1], recipe=argv[2] if len(argv) == 3 else "qwen3").items():
         print(f"built {repo} at {snapshot}")
     return 0
 
 
 __all__ = [
-    "REHEARSAL_LAYER_IDS", "REHEARSAL_TARGET", "REHEARSAL_ZLAB_DRAFTER", "TINY_ARCHITECTURES", "build_rehearsal_hub",
+    "REHEARSAL_LAYER_IDS", "REHEARSAL_RECIPES", "REHEARSAL_SMOLLM2_TARGET", "REHEARSAL_TARGET",
+    "REHEARSAL_ZLAB_DRAFTER", "TINY_ARCHITECTURES", "build_rehearsal_hub",
     "save_zlab_checkpoint", "skew_towards_token", "tiny_drafter", "tiny_target", "tiny_zlab_checkpoint", "zlab_config",
 ]  # fmt: skip
 

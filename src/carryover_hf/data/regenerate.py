@@ -349,7 +349,9 @@ class _Decoder:
                 self.warpers.append(TopKLogitsWarper(config.top_k))
             if config.top_p < 1:
                 self.warpers.append(TopPLogitsWarper(config.top_p))
-        self.stop_tensor = torch.tensor(sorted(self.stop_ids))
+        # Every tensor of the loop lives where the model does (a GPU target decodes without host round trips).
+        self.device = model.device
+        self.stop_tensor = torch.tensor(sorted(self.stop_ids), device=self.device)
 
     def _new_cache(self):
         from transformers.cache_utils import Cache
@@ -369,11 +371,10 @@ class _Decoder:
         return self.torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
 
     def _prefill_group(self, contexts: list[list[int]]):
-        input_ids, mask = _left_padded(contexts, self.pad_id)
+        input_ids, mask = (tensor.to(self.device) for tensor in _left_padded(contexts, self.pad_id))
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = self._new_cache()
-        logits = self._forward(input_ids.to(self.model.device), mask.to(self.model.device),
-                               positions.to(self.model.device), cache)  # fmt: skip
+        logits = self._forward(input_ids, mask, positions, cache)
         return cache, mask, logits
 
     def _prefill(self, contexts: list[list[int]]):
@@ -408,7 +409,7 @@ class _Decoder:
         budget)` (an empty list when there are none for now); `on_done(key, ids, finished)` gets each job's
         generated ids (up to and including the first stop id) and whether it stopped within its budget, and may
         make new jobs available (a conversation's next turn)."""
-        generator = self.torch.Generator().manual_seed(seed)
+        generator = self.torch.Generator(device=self.device).manual_seed(seed)
         restore = _use_grouped_decode_attention(self.model)
         try:
             self._loop(next_jobs, on_done, on_tokens, generator)
@@ -461,7 +462,7 @@ class _Decoder:
                     if not keep:
                         keys, budgets, generated, cache = [], [], [], None
                         continue
-                    index = torch.tensor(keep)
+                    index = torch.tensor(keep, device=self.device)
                     keys, budgets, generated = ([values[i] for i in keep] for values in (keys, budgets, generated))
                     cache.batch_select_indices(index)
                     mask, positions, last = mask[index], positions[index], last[index]

@@ -1,10 +1,11 @@
 """Runs `carryover-hf regenerate` or `carryover-hf features` with the target placed on a device (e.g. a GPU).
 
 Both commands take the same options as here, but load the target on the CPU; their Python functions accept a target
-that is already loaded, which is what this does (the rows are loaded and checked first, before the target).
+that is already loaded, which is what this does (the rows are loaded and checked first, before the target). Shared by
+the recipes that run these stages on a GPU: examples/qwen3_4b/recipe.sh and examples/smollm2_135m/gpu.sh.
 
-    python examples/qwen3_4b/on_device.py cuda regenerate --target Qwen/Qwen3-4B --dtype bfloat16 --output ...
-    python examples/qwen3_4b/on_device.py cuda features --target Qwen/Qwen3-4B --target_dtype bfloat16 ...
+    python examples/on_device.py cuda regenerate --target Qwen/Qwen3-4B --dtype bfloat16 --output ...
+    python examples/on_device.py cuda features --target smollm2-135m --target_dtype bfloat16 --top_k 32 ...
 """
 
 from __future__ import annotations
