@@ -275,11 +275,14 @@ def test_round_profile_and_adaptive_length_methods(models, tmp_path):
     target, drafters = models
     drafter = drafters["d"]
     settings = BenchmarkSettings(temperatures=[0.0], max_new_tokens=12, methods=["target", "carry_on"],
-                                 draft_confidence_thresholds=[0.3], bootstrap_resamples=200, overhead=False, warmup=0)
+                                 draft_confidence_thresholds=[0.3], proposal_backoffs=[2], bootstrap_resamples=200,
+                                 overhead=False, warmup=0)  # fmt: skip
     report = run_benchmark(target, {"d": drafter}, tiny_prompts(4, vocab_size=VOCAB), settings=settings,
                            output_dir=str(tmp_path), progress=False)
-    assert [m["name"] for m in report["methods"]] == ["target", "d/carry_on", "d/carry_on@0.3"]
-    assert report["methods"][2]["draft_confidence_threshold"] == 0.3 and report["methods"][1]["draft_confidence_threshold"] is None
+    assert [m["name"] for m in report["methods"]] == [
+        "target", "d/carry_on", "d/carry_on+backoff2", "d/carry_on@0.3", "d/carry_on@0.3+backoff2"]
+    assert report["methods"][3]["draft_confidence_threshold"] == 0.3 and report["methods"][1]["draft_confidence_threshold"] is None
+    assert report["methods"][4]["proposal_backoff"] == 2 and report["methods"][3]["proposal_backoff"] is None
     assert report["correctness"]["passed"]
     block = report["results"][0]
     target_step = block["summary"]["target"]["all"]
@@ -294,7 +297,9 @@ def test_round_profile_and_adaptive_length_methods(models, tmp_path):
             assert profile[f"{part}_per_target_step"]["estimate"] == pytest.approx(summary[key]["estimate"] / step_ms)
     assert "round_profile" not in target_step
     pairs = {(c["a"], c["b"]) for c in block["comparisons"]}
-    assert ("d/carry_on@0.3", "d/carry_on") in pairs
+    assert {("d/carry_on@0.3", "d/carry_on"), ("d/carry_on+backoff2", "d/carry_on"), ("d/carry_on@0.3+backoff2", "d/carry_on")} <= pairs
+    backed_off = [r for r in report["runs"] if r["method"] == "d/carry_on+backoff2"]
+    assert sum(r["draft_lengths"].count(0) for r in backed_off) > 0  # skipped rounds are plain steps
     adaptive = [r for r in report["runs"] if r["method"] == "d/carry_on@0.3"]
     full = [r for r in report["runs"] if r["method"] == "d/carry_on"]
     assert sum(sum(r["draft_lengths"]) for r in adaptive) < sum(sum(r["draft_lengths"]) for r in full)

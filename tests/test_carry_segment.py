@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 import carryover_hf  # noqa: F401
 from carryover_hf.features import gather_target_features, hidden_state_indices
@@ -27,6 +28,7 @@ class Recorder:
                 kwargs={k: v.clone() if torch.is_tensor(v) else v for k, v in kwargs.items()},
                 hidden=output.last_hidden_state.clone(),
                 cache_length=kwargs["past_key_values"].get_seq_length(),
+                verifications_before=len(self.verifications),
             )
         )
 
@@ -38,16 +40,16 @@ class Recorder:
             handle.remove()
 
 
-def _run(target, drafter, prompt, max_new_tokens=40):
+def _run(target, drafter, prompt, max_new_tokens=40, **options):
     recorder = Recorder(target, drafter)
     try:
         output = target.generate(
             prompt,
             attention_mask=torch.ones_like(prompt),
             assistant_model=drafter,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            return_dict_in_generate=True,
+            generation_config=GenerationConfig(
+                max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True, **options
+            ),
         )
     finally:
         recorder.close()
@@ -152,3 +154,42 @@ def test_eager_and_sdpa_drafters_agree():
         outputs[impl] = (generated, drafter.last_generation_stats.acceptance_lengths)
     assert torch.equal(outputs["eager"][0], outputs["sdpa"][0])
     assert outputs["eager"][1] == outputs["sdpa"][1]
+
+
+def test_backoff_skips_the_drafter_and_hands_it_every_verified_row_later(setup):
+    """Under `proposal_backoff` skipped rounds run no drafter forward; the next proposal takes all rows verified since
+    the last one (contiguous positions, the cache then holds exactly the committed rows), carries nothing after a
+    plain step, and drafts what a proposal from a drafter fed round by round drafts."""
+    target, drafter, prompt = setup
+    output, rec = _run(target, drafter, prompt, max_new_tokens=48, proposal_backoff=4)
+    stats = drafter.last_generation_stats
+    assert stats.skipped_by_backoff > 0
+    assert len(rec.proposals) == len(stats.draft_lengths) - stats.skipped_by_backoff - 1  # the last round has no budget
+    cached = 0
+    for proposal in rec.proposals:
+        kwargs = proposal["kwargs"]
+        anchor_pos = kwargs["block_position_ids"][0, 0].item()
+        # New context: every row since the previous proposal; the cache then holds exactly the committed rows.
+        assert kwargs["context_position_ids"][0].tolist() == list(range(cached, anchor_pos))
+        assert proposal["cache_length"] == anchor_pos
+        cached = anchor_pos
+    # A proposal right after skipped rounds (the target's last pass was a plain 1-token step) sees no carry: the
+    # plain steps rejected nothing.
+    after_skip = [p for p in rec.proposals[1:] if rec.verifications[p["verifications_before"] - 1]["input_ids"].shape[1] == 1]
+    assert after_skip and all(p["kwargs"]["carry_features"] is None for p in after_skip)
+    # The block states equal a from-scratch pass over the whole committed context (carry included as given).
+    checked = 0
+    for proposal in rec.proposals[1:]:
+        kwargs = proposal["kwargs"]
+        anchor_pos = kwargs["block_position_ids"][0, 0].item()
+        sequence = output.sequences[:, :anchor_pos]
+        full = target(sequence, output_hidden_states=hidden_state_indices(drafter.config.target_layer_ids)).hidden_states
+        fresh = drafter(
+            block_embeds=kwargs["block_embeds"], block_position_ids=kwargs["block_position_ids"],
+            context_features=gather_target_features(full, drafter.config.target_layer_ids),
+            context_position_ids=torch.arange(anchor_pos)[None], carry_features=kwargs["carry_features"],
+            carry_position_ids=kwargs["carry_position_ids"],
+        ).last_hidden_state  # fmt: skip
+        torch.testing.assert_close(proposal["hidden"], fresh, atol=ATOL, rtol=0)
+        checked += 1
+    assert checked > 2

@@ -171,6 +171,17 @@ def test_confidence_threshold_out_of_range(target):
                         generation_config=GenerationConfig(max_new_tokens=3, draft_confidence_threshold=-0.1))
 
 
+@pytest.mark.parametrize("value", [-1, 1.5, True, "4"])
+def test_proposal_backoff_must_be_a_whole_number_of_rounds(target, value):
+    from transformers import GenerationConfig
+
+    with pytest.raises(Exception, match="proposal_backoff must be a whole number of rounds"):
+        CarryoverDrafterConfig(proposal_backoff=value)
+    with pytest.raises(ValueError, match="proposal_backoff must be a whole number of rounds"):
+        target.generate(torch.ones(1, 4, dtype=torch.long), assistant_model=tiny_drafter(target),
+                        generation_config=GenerationConfig(max_new_tokens=3, proposal_backoff=value))
+
+
 def test_unsupported_transformers_version_is_named_at_import(monkeypatch):
     from carryover_hf.compatibility import ALLOW_UNSUPPORTED_ENV, check_transformers_version
 

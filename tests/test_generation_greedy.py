@@ -99,23 +99,30 @@ def test_carry_changes_proposals_but_not_outputs():
     assert any(not torch.allclose(a, b) for a, b in zip(proposals[True][1:], proposals[False][1:]))
 
 
-@pytest.mark.parametrize("threshold", [0.1, 0.25, 0.6])
-def test_greedy_output_is_identical_with_adaptive_proposal_length(targets, threshold):
-    """`draft_confidence_threshold` only shortens proposals (to zero drafts: a plain target step); outputs stay exact."""
+def _exact_runs(targets, **options):
+    """Eight prompts (dflash and markov drafters, several target skews) with these per-call options; each output must
+    equal the target alone. Yields each call's statistics."""
     from transformers import GenerationConfig
 
-    cut = zero = full = 0
     for i in range(8):
         kind = ("dflash", "markov")[i % 2]
         target = targets["llama"][(i // 2) % len(SKEWS)]
         drafter = tiny_drafter(target, block_size=8, drafter_type=kind, seed=3)
         prompt = _prompt(i)
         reference = target.generate(prompt, max_new_tokens=24, do_sample=False)
-        config = GenerationConfig(max_new_tokens=24, do_sample=False, draft_confidence_threshold=threshold)
+        config = GenerationConfig(max_new_tokens=24, do_sample=False, **options)
         output = target.generate(prompt, assistant_model=drafter, generation_config=config)
-        assert torch.equal(output, reference), f"prompt {i} ({kind}, threshold {threshold}) differs"
+        assert torch.equal(output, reference), f"prompt {i} ({kind}, {options}) differs"
         stats = drafter.last_generation_stats
         assert sum(stats.acceptance_lengths) == output.shape[1] - prompt.shape[1] - 1
+        yield stats
+
+
+@pytest.mark.parametrize("threshold", [0.1, 0.25, 0.6])
+def test_greedy_output_is_identical_with_adaptive_proposal_length(targets, threshold):
+    """`draft_confidence_threshold` only shortens proposals (to zero drafts: a plain target step); outputs stay exact."""
+    cut = zero = full = 0
+    for stats in _exact_runs(targets, draft_confidence_threshold=threshold):
         assert all(a <= d + 1 for a, d in zip(stats.acceptance_lengths, stats.draft_lengths))
         cut += stats.stopped_by_confidence
         zero += stats.draft_lengths[:-1].count(0)
@@ -123,6 +130,16 @@ def test_greedy_output_is_identical_with_adaptive_proposal_length(targets, thres
     assert cut > 0 and zero > 0, (cut, zero)
     if threshold <= 0.25:
         assert full > 0, "some proposals should pass the threshold in full"
+
+
+@pytest.mark.parametrize("threshold", [None, 0.25])
+def test_greedy_output_is_identical_with_proposal_backoff(targets, threshold):
+    """`proposal_backoff` turns some rounds into plain target steps (no drafter forward); outputs stay exact."""
+    skipped = proposed = 0
+    for stats in _exact_runs(targets, proposal_backoff=4, draft_confidence_threshold=threshold):
+        skipped += stats.skipped_by_backoff
+        proposed += sum(1 for d in stats.draft_lengths if d > 0)
+    assert skipped > 0 and proposed > 0, (skipped, proposed)
 
 
 @pytest.mark.parametrize("kind", ["dflash", "markov"])

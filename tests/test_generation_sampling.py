@@ -94,6 +94,7 @@ def sample_with_drafter(target, drafter, settings: dict, drafts: Counter | None 
         if drafts is not None:
             drafts.update(drafter.last_generation_stats.draft_lengths[:-1])  # the last round may hit the length budget
             drafts["cut"] += drafter.last_generation_stats.stopped_by_confidence
+            drafts["skipped"] += drafter.last_generation_stats.skipped_by_backoff
     return samples, acceptance
 
 
@@ -132,6 +133,18 @@ def test_sampling_keeps_target_distribution_with_adaptive_proposal_length(target
     samples, acceptance = sample_with_drafter(target, drafter, SETTINGS["temperature"], drafts=drafts)
     assert acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
     assert drafts["cut"] > 0 and drafts[0] > 0 and drafts[1] + drafts[2] + drafts[3] > 0, drafts
+    assert_matches(samples, exact_distribution(target, SETTINGS["temperature"]))
+
+
+def test_sampling_keeps_target_distribution_with_proposal_backoff(target):
+    """Rounds skipped by the backoff (plain sampled target steps, chosen from verified tokens only) keep the target's
+    distribution exactly."""
+    drafter = tiny_drafter(target, block_size=4, seed=12)
+    drafter.config.proposal_backoff = 2
+    drafts = Counter()
+    samples, acceptance = sample_with_drafter(target, drafter, SETTINGS["temperature"], drafts=drafts)
+    assert acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
+    assert drafts["skipped"] > 0 and drafts[1] + drafts[2] + drafts[3] > 0, drafts
     assert_matches(samples, exact_distribution(target, SETTINGS["temperature"]))
 
 

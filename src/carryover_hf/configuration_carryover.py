@@ -27,6 +27,13 @@ def default_target_layer_ids(num_target_layers: int, num_layer_ids: int) -> list
     return [int(round(start + i * span / (num_layer_ids - 1))) for i in range(num_layer_ids)]
 
 
+def check_proposal_backoff(value) -> int | None:
+    """`proposal_backoff` as the generator uses it (`None`: off; 0 means off too), or a clear error."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"proposal_backoff must be a whole number of rounds >= 0 or None (off), got {value!r}.")
+    return value or None
+
+
 @strict
 class CarryoverDrafterConfig(PreTrainedConfig):
     r"""
@@ -55,6 +62,11 @@ class CarryoverDrafterConfig(PreTrainedConfig):
             draft is drawn from; in greedy decoding that token is the draft); zero drafts make a plain target step.
             Lossless either way (verification is unchanged). `None` (default) always proposes `block_size - 1`
             drafts. Overridable per `generate` call (see docs/generate.md).
+        proposal_backoff (`int`, *optional*): after a proposal whose first draft the target rejects, the next 1, 2,
+            4, ... rounds (at most this many in a row) are plain target steps with no drafter forward, until a draft
+            is accepted again; a weak or unsure drafter then costs close to a plain step instead of a doomed
+            verification. Lossless (which rounds propose depends only on verified tokens). `None` (default) proposes
+            every round. Overridable per `generate` call.
         vocab_size (`int`): vocabulary size of the target (the drafter shares its embedding and LM head).
         draft_vocab_size (`int`, *optional*): size of a reduced draft vocabulary (EAGLE-3 / speculators style): the
             LM head runs over these target token ids only (`drafter.draft_token_ids`, set with
@@ -82,6 +94,7 @@ class CarryoverDrafterConfig(PreTrainedConfig):
     use_carryover: bool = True
     trained_with_carryover: bool = False
     draft_confidence_threshold: float | int | None = None
+    proposal_backoff: int | None = None
 
     # Qwen3-style layer hyperparameters
     hidden_size: int = 2560
@@ -140,6 +153,7 @@ class CarryoverDrafterConfig(PreTrainedConfig):
             raise ValueError(
                 f"draft_confidence_threshold must lie in [0, 1] or be None (off), got {self.draft_confidence_threshold}."
             )
+        check_proposal_backoff(self.proposal_backoff)
 
     @property
     def num_target_features(self) -> int:

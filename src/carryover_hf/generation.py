@@ -24,6 +24,7 @@ from transformers.generation.utils import GenerationMixin
 from transformers.utils import logging
 
 from .compatibility import check_compatibility, check_single_sequence, check_target
+from .configuration_carryover import check_proposal_backoff
 from .features import embed_block_tokens, gather_target_features, hidden_state_indices
 from .modeling_carryover import CarryoverDrafterModel, DrafterContextBuffer
 from .utils import device_synchronizer
@@ -36,6 +37,9 @@ CARRYOVER_GENERATION_OPTIONS = {
     "use_carryover": "show the previous round's rejected states to the next proposal (default: drafter.config)",
     "draft_confidence_threshold": "end a proposal at the first row whose top drafter probability is below this "
     "(greedy: the drafted token's probability; default: drafter.config; None or 0 = off)",
+    "proposal_backoff": "after a proposal whose first draft is rejected, skip proposing for 1, 2, 4, ... rounds (at "
+    "most this many in a row; plain target steps, no drafter forward) until a draft is accepted again (default: "
+    "drafter.config; None or 0 = off)",
     "carryover_timing": "record prefill/drafting/verification wall times in the statistics (synchronises the device "
     "at each boundary; default False)",
 }
@@ -55,6 +59,7 @@ class GenerationStats:
     draft_lengths: list[int] = field(default_factory=list)  # drafts proposed per round
     carry_rows: list[int] = field(default_factory=list)  # carry rows seen by each proposal
     stopped_by_confidence: int = 0  # proposals cut short by `draft_confidence_threshold`
+    skipped_by_backoff: int = 0  # rounds with no proposal (plain target steps) under `proposal_backoff`
     timed: bool = False
     prefill_time: float = 0.0
     drafting_time: float = 0.0
@@ -114,6 +119,10 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             raise ValueError(f"draft_confidence_threshold must lie in [0, 1] or be None, got {self.confidence_threshold}.")
         if self.confidence_threshold is not None and float(self.confidence_threshold) == 0.0:
             self.confidence_threshold = None  # 0 never cuts a proposal: the same as off (and turns off a config default)
+        # 0 never skips: the same as off (and turns off a config default).
+        self.backoff = check_proposal_backoff(
+            _option(generation_config, "proposal_backoff", getattr(drafter.config, "proposal_backoff", None))
+        )
         self.timing = bool(_option(generation_config, "carryover_timing", False))
         # Speculative sampling, Transformers' lossy ensemble mode and the confidence rule read the candidate logits;
         # plain greedy decoding does not.
@@ -134,6 +143,11 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         self.block_embeds = embed_block_tokens(self.embed_tokens, mask_ids).to(self.device, drafter.fc.weight.dtype)
         self.positions = torch.arange(self.max_length + 2 * block_size, device=self.device).unsqueeze(0)
         self.num_context = 0  # position of the next context row = position of the next anchor
+        self.num_cached = 0  # context rows the drafter has seen (fewer while the backoff skips proposals)
+        self.uncached: list[torch.Tensor] = []  # verified rows since then, given to the next proposal
+        self.failures = 0  # proposals in a row whose first draft was rejected
+        self.skip_rounds = 0  # rounds left to skip under the backoff
+        self.last_num_drafts = 0
         self.started = False  # whether the prefill's states have reached the drafter
         self.carry_features: torch.Tensor | None = None
         self.carry_positions: torch.Tensor | None = None
@@ -176,8 +190,9 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         self.started = True
         accepted, rejected = verified[:, :num_accepted], verified[:, num_accepted:]
 
-        # 2. Update context: accepted rows keep their absolute positions.
-        context_positions = self.positions[:, self.num_context : self.num_context + num_accepted]
+        # 2. Update context: accepted rows keep their absolute positions (rows verified while the backoff skipped
+        # proposals are still waiting for the drafter: they go in with these).
+        self.uncached.append(accepted)
         self.num_context += num_accepted
         anchor_position = self.num_context
         if anchor_position != input_ids.shape[1] - 1:
@@ -190,21 +205,24 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         else:
             self.carry_features = self.carry_positions = None
 
-        self.stats.carry_rows.append(0 if self.carry_features is None else self.carry_features.shape[1])
         num_drafts = min(self.config.block_size - 1, self.max_length - input_ids.shape[1] - 1)
         if num_drafts <= 0:
             # The next target step fills the length budget and generation ends there: no proposal is needed.
             self.finished_drafting = True
-            self.stats.draft_lengths.append(0)
-            self.stats.drafting_time += self._lap()
-            return input_ids, None
+            return self._plain_step(input_ids)
+        if self._backing_off(n_last_matches):
+            return self._plain_step(input_ids, skipped=True)
 
         # 4. Draft one block [anchor, MASK x (B-1)] at positions anchor_pos + j.
+        context = self.uncached[0] if len(self.uncached) == 1 else torch.cat(self.uncached, dim=1)
+        context_positions = self.positions[:, self.num_cached : self.num_context]
+        self.uncached, self.num_cached = [], self.num_context
+        self.stats.carry_rows.append(0 if self.carry_features is None else self.carry_features.shape[1])
         self.block_embeds[:, :1] = embed_block_tokens(self.embed_tokens, input_ids[:, -1:]).to(self.block_embeds)
         output = self.drafter(
             block_embeds=self.block_embeds,
             block_position_ids=self.positions[:, anchor_position : anchor_position + self.config.block_size],
-            context_features=accepted,
+            context_features=context,
             context_position_ids=context_positions,
             carry_features=self.carry_features,
             carry_position_ids=self.carry_positions,
@@ -217,12 +235,37 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         else:
             candidate_ids, candidate_logits = self._pick_while_confident(input_ids, block_states)
         num_drafts = candidate_ids.shape[1] - input_ids.shape[1]
+        self.last_num_drafts = num_drafts
         self.stats.draft_lengths.append(num_drafts)
         self.stats.drafting_time += self._lap()
         if num_drafts == 0:
             # Nothing confident enough: Transformers runs a plain target step (its own distribution at T > 0).
             return input_ids, None
         return candidate_ids, candidate_logits
+
+    def _plain_step(self, input_ids: torch.LongTensor, skipped: bool = False) -> tuple[torch.LongTensor, None]:
+        """No proposal this round: Transformers runs a plain target step (its own distribution at T > 0)."""
+        self.last_num_drafts = 0
+        self.carry_features = self.carry_positions = None  # a plain step verifies no drafts: nothing is rejected
+        self.stats.draft_lengths.append(0)
+        self.stats.skipped_by_backoff += int(skipped)
+        self.stats.drafting_time += self._lap()
+        return input_ids, None
+
+    def _backing_off(self, n_last_matches: int) -> bool:
+        """`proposal_backoff`: after a proposal whose first draft the target rejected, the next 1, 2, 4, ...
+        rounds (at most `proposal_backoff`) are plain target steps with no drafter forward; an accepted draft resets
+        it. Lossless: which rounds propose depends only on tokens already verified, and a plain step is the target's
+        own step (its distribution at T > 0)."""
+        if self.backoff is None:
+            return False
+        if self.last_num_drafts > 0:  # the round just verified had a proposal: update the streak
+            self.failures = self.failures + 1 if n_last_matches == 0 else 0
+            self.skip_rounds = min(2 ** (self.failures - 1), self.backoff) if self.failures else 0
+        if self.skip_rounds > 0:
+            self.skip_rounds -= 1
+            return True
+        return False
 
     def _pick_while_confident(
         self, input_ids: torch.LongTensor, block_states: torch.Tensor

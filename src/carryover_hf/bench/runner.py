@@ -76,6 +76,12 @@ class BenchmarkSettings:
                   "'<kind>@<threshold>': a proposal ends at the first draft below the threshold); the plain methods "
                   "always run with the threshold off."},
     )
+    proposal_backoffs: list[int] = field(
+        default_factory=list,
+        metadata={"help": "Also run each Carryover method (and each thresholded one) with these proposal backoffs "
+                  "(methods '<kind>[@<threshold>]+backoff<N>': after a rejected first draft, skip proposing for 1, 2, "
+                  "4, ... rounds, at most N in a row)."},
+    )
     overhead: bool = field(default=True, metadata={"help": "Measure the carry overhead of each drafter in isolation."})
     overhead_context_lengths: list[int] = field(
         default_factory=lambda: [128, 512, 2048], metadata={"help": "Context lengths of the overhead measurement."}
@@ -108,6 +114,9 @@ class BenchmarkSettings:
         bad = [t for t in self.draft_confidence_thresholds if not 0 < t <= 1]
         if bad:
             raise ValueError(f"draft_confidence_thresholds must lie in (0, 1], got {bad}")
+        bad = [b for b in self.proposal_backoffs if b < 1]
+        if bad:
+            raise ValueError(f"proposal_backoffs must be at least 1 round, got {bad}")
         for pair in self.compare:
             if len(pair.split(",")) != 2:
                 raise ValueError(f"--compare takes 'A,B' (two method names), got {pair!r}")
@@ -123,6 +132,7 @@ class Method:
     assistant: PreTrainedModel | None = None
     use_carryover: bool | None = None
     confidence_threshold: float | None = None
+    proposal_backoff: int | None = None
 
     @property
     def speculative(self) -> bool:
@@ -140,12 +150,13 @@ class Method:
             return {"speculation_type": "dflash"}
         if self.kind in ("carry_off", "carry_on"):
             # 0 turns the adaptive length off whatever the drafter's config says.
-            return {"use_carryover": bool(self.use_carryover), "draft_confidence_threshold": self.confidence_threshold or 0.0}
+            return {"use_carryover": bool(self.use_carryover), "draft_confidence_threshold": self.confidence_threshold or 0.0,
+                    "proposal_backoff": self.proposal_backoff or 0}
         return {}
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "drafter": self.drafter_name, "use_carryover": self.use_carryover,
-                "draft_confidence_threshold": self.confidence_threshold}
+                "draft_confidence_threshold": self.confidence_threshold, "proposal_backoff": self.proposal_backoff}
 
 
 @dataclass
@@ -394,9 +405,10 @@ def build_methods(
                 skipped.append({"name": f"{name}/dflash_native", "reason": str(error)})
         for kind, carry in (("carry_off", False), ("carry_on", True)):
             if kind in settings.methods:
-                methods.append(Method(f"{name}/{kind}", kind, name, drafter, carry))
-                for threshold in settings.draft_confidence_thresholds:
-                    methods.append(Method(f"{name}/{kind}@{threshold:g}", kind, name, drafter, carry, float(threshold)))
+                for threshold in [None, *settings.draft_confidence_thresholds]:
+                    for backoff in [None, *settings.proposal_backoffs]:
+                        label = f"{name}/{kind}" + (f"@{threshold:g}" if threshold else "") + (f"+backoff{backoff}" if backoff else "")
+                        methods.append(Method(label, kind, name, drafter, carry, threshold and float(threshold), backoff))
     return methods, skipped
 
 
@@ -406,8 +418,9 @@ def default_comparisons(methods: Sequence[Method], drafter_names: Sequence[str])
     pairs = []
     for d in drafter_names:
         pairs += [(f"{d}/carry_on", f"{d}/carry_off"), (f"{d}/carry_off", f"{d}/dflash_native")]
-        # Adaptive proposal length against the same method with the full block.
-        pairs += [(m.name, m.name.split("@")[0]) for m in methods if m.drafter_name == d and m.confidence_threshold]
+        # Adaptive proposal length and backoff against the same method with the full block, every round.
+        pairs += [(m.name, m.name.split("@")[0].split("+")[0]) for m in methods
+                  if m.drafter_name == d and (m.confidence_threshold or m.proposal_backoff)]  # fmt: skip
     for i, later in enumerate(drafter_names):
         for earlier in drafter_names[:i]:
             pairs += [(f"{later}/carry_on", f"{earlier}/carry_off"), (f"{later}/carry_on", f"{earlier}/carry_on")]
