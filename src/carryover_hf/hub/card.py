@@ -179,6 +179,7 @@ def render_model_card(
         block_size=config.block_size,
         num_drafts=config.block_size - 1,
         mask_token_id=config.mask_token_id,
+        draft_vocab_size=getattr(config, "draft_vocab_size", None),
         carryover=carryover,
         imported_from=imported_text,
         training_data=training_data or "not recorded",
