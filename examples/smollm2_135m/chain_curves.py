@@ -1,0 +1,87 @@
+"""Curves of a drafter trained in segments (each segment continues the previous one's checkpoint, e.g. on a grown
+feature store): held-out and training teacher-forced tau, first-position accuracy and loss against the cumulative
+optimizer step, as JSON + PNG + a markdown table.
+
+    python examples/smollm2_135m/chain_curves.py OUT NAME SEGMENT [SEGMENT ...]
+    SEGMENT = FOLDER[@STEP]: a run folder (its trainer_state.json, or its last checkpoint's) and, optionally, the
+              checkpoint step the next segment started from (later points of that segment are left out)
+
+Each segment's `command` and data are taken from the run folder's `segment.json` when present (written by whoever
+ran the segment), so the record says how every part was made.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from training_curves import _state  # noqa: E402  (the same reading of a run's newest trainer state)
+
+TRAIN_KEYS = ("loss", "tau_teacher_forced", "acc_pos_01", "learning_rate")
+EVAL_KEYS = ("eval_loss", "eval_tau_teacher_forced", "eval_acc_pos_01", "eval_acc_pos_02", "eval_acc_pos_03")
+
+
+def _checkpoint_state(folder: Path, step: int | None) -> dict:
+    if step is None:
+        return _state(folder)
+    return json.loads((folder / f"checkpoint-{step}" / "trainer_state.json").read_text())
+
+
+def main(output: str, name: str, *segments: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    offset, train, evaluation, parts = 0, [], [], []
+    for spec in segments:
+        folder, _, until = spec.partition("@")
+        folder, until = Path(folder), int(until) if until else None
+        state = _checkpoint_state(folder, until)
+        meta = json.loads((folder / "segment.json").read_text()) if (folder / "segment.json").is_file() else {}
+        for entry in state["log_history"]:
+            if until is not None and entry["step"] > until:
+                continue
+            point = {"step": offset + entry["step"], "segment": len(parts)}
+            if "loss" in entry:
+                train.append({**point, **{k: entry[k] for k in TRAIN_KEYS if k in entry}})
+            if "eval_loss" in entry:
+                evaluation.append({**point, **{k: entry[k] for k in EVAL_KEYS if k in entry}})
+        steps = until if until is not None else state["global_step"]
+        parts.append({"folder": str(folder), "first_step": offset, "steps": steps, **meta})
+        offset += steps
+    record = {"drafter": name, "segments": parts, "total_steps": offset, "train": train, "eval": evaluation}
+    (out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+
+    figure, (tau_axis, acc_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    tau_axis.plot([p["step"] for p in train], [p["tau_teacher_forced"] for p in train], alpha=0.5, label="training batches")
+    tau_axis.plot([p["step"] for p in evaluation], [p["eval_tau_teacher_forced"] for p in evaluation], "o-", label="held-out rows")
+    acc_axis.plot([p["step"] for p in train], [p["acc_pos_01"] for p in train], alpha=0.5, label="training batches")
+    acc_axis.plot([p["step"] for p in evaluation], [p["eval_acc_pos_01"] for p in evaluation], "o-", label="held-out rows")
+    for part in parts[1:]:
+        for axis in (tau_axis, acc_axis):
+            axis.axvline(part["first_step"], color="grey", lw=0.8, ls=":")
+    tau_axis.set(xlabel="optimizer step (dotted: a new segment)", ylabel="teacher-forced τ")
+    acc_axis.set(xlabel="optimizer step", ylabel="first-position accuracy")
+    for axis in (tau_axis, acc_axis):
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.suptitle(name)
+    figure.tight_layout()
+    figure.savefig(out / f"{name}.png", dpi=120)
+    lines = [f"# {name}", "", "| step | held-out τ | held-out first-position acc. | held-out loss |", "| --- | --- | --- | --- |"]
+    lines += [f"| {p['step']} | {p['eval_tau_teacher_forced']} | {p['eval_acc_pos_01']} | {p['eval_loss']} |" for p in evaluation]
+    lines += ["", "Segments:", ""] + [f"- steps {p['first_step']}-{p['first_step'] + p['steps']}: `{p['folder']}`"
+                                      + (f" ({p['note']})" if p.get("note") else "") for p in parts]  # fmt: skip
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 4:
+        sys.exit(__doc__)
+    main(*sys.argv[1:])
