@@ -42,6 +42,12 @@ def _write(output: Path, name: str, record: dict, table: list[str]) -> None:
     print("\n".join(table))
 
 
+def _table(title: str, columns: list[str], rows: list[list]) -> list[str]:
+    """A title line and a markdown table."""
+    lines = [title, "", "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+
+
 def _setup(threads: int):
     import torch
 
@@ -158,16 +164,12 @@ def throughput(args) -> None:
         },
         "draft_vocabulary": vocab_record,
     }
-    table = [
+    table = _table(
         f"Drafter training throughput, SmolLM2-135M fp32, dflash objective, block 8, 1 layer, {args.anchors} anchors/row, "
         f"batch {args.batch}, {args.threads} thread(s), {args.repeats} interleaved passes over {args.rows} rows",
-        "",
-        "| path | anchor blocks / s / core | vs (a) |",
-        "| --- | --- | --- |",
-    ]
-    table += [
-        f"| {name} | {r['anchor_blocks_per_second_per_core']} | {r['speedup_over_a']}x |" for name, r in results.items()
-    ]
+        ["path", "anchor blocks / s / core", "vs (a)"],
+        [[name, r["anchor_blocks_per_second_per_core"], f"{r['speedup_over_a']}x"] for name, r in results.items()],
+    )
     f = record["features"]
     table += [
         "",
@@ -210,15 +212,11 @@ def storage_dtype(args) -> None:
         diffs = [abs(a - b) for a, b in zip(losses[dtype]["per_batch"], reference)]
         losses[dtype]["max_abs_diff_vs_float32"] = max(diffs)
         losses[dtype]["mean_abs_diff_vs_float32"] = sum(diffs) / len(diffs)
-    table = [
+    table = _table(
         f"Loss of the shipped baseline drafter on {args.rows} rows from features stored in each dtype",
-        "",
-        "| storage | mean loss | max abs. diff vs fp32 | bytes/token |",
-        "| --- | --- | --- | --- |",
-    ]
-    table += [
-        f"| {d} | {v['mean']:.5f} | {v['max_abs_diff_vs_float32']:.2e} | {v['bytes_per_token']} |" for d, v in losses.items()
-    ]
+        ["storage", "mean loss", "max abs. diff vs fp32", "bytes/token"],
+        [[d, f"{v['mean']:.5f}", f"{v['max_abs_diff_vs_float32']:.2e}", v["bytes_per_token"]] for d, v in losses.items()],
+    )
     _write(Path(args.output), "storage-dtype", {"settings": vars(args), "losses": losses}, table)
 
 
@@ -265,14 +263,12 @@ def init(args) -> None:
                     count += float(out.num_anchors)
             record["results"][name] = {"held_out_loss": round(loss / count, 4), "held_out_tau": round(tau / count, 4),
                                        "train_seconds": round(seconds, 1)}  # fmt: skip
-    table = [
+    table = _table(
         f"New 1-layer drafter, {args.steps} offline dflash steps (batch {args.batch}, {args.anchors} anchors/row, lr "
         f"{args.lr}) on {args.rows} rows; held-out loss and teacher-forced tau on the 16 rows after them",
-        "",
-        "| initialisation | held-out loss | held-out tau | train s |",
-        "| --- | --- | --- | --- |",
-    ]
-    table += [f"| {n} | {r['held_out_loss']} | {r['held_out_tau']} | {r['train_seconds']} |" for n, r in record["results"].items()]
+        ["initialisation", "held-out loss", "held-out tau", "train s"],
+        [[n, r["held_out_loss"], r["held_out_tau"], r["train_seconds"]] for n, r in record["results"].items()],
+    )
     _write(Path(args.output), "init", record, table)
 
 
@@ -321,17 +317,13 @@ print(before, peak, int(out.num_anchors), seconds)
         results[label] = {"src": src or "this checkout", "rss_before_step_mb": round(int(before) / 1024),
                           "peak_rss_mb": round(int(peak) / 1024), "step_increase_mb": round((int(peak) - int(before)) / 1024),
                           "anchors": int(anchors), "seconds": round(float(seconds), 2)}  # fmt: skip
-    table = [
+    table = _table(
         "Peak resident memory of one dflash training step (forward + backward), V = 151,936, 512 anchors, B = 16, one "
         "600-token row, narrow random Qwen3-shaped target (hidden 64) and 1-layer drafter",
-        "",
-        "| code | RSS before the step (MB) | peak RSS (MB) | increase (MB) | step s |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    table += [
-        f"| {r.get('src', k)} | {r.get('rss_before_step_mb')} | {r.get('peak_rss_mb')} | {r.get('step_increase_mb')} | {r.get('seconds')} |"
-        for k, r in results.items()
-    ]
+        ["code", "RSS before the step (MB)", "peak RSS (MB)", "increase (MB)", "step s"],
+        [[r.get("src", k), r.get("rss_before_step_mb"), r.get("peak_rss_mb"), r.get("step_increase_mb"), r.get("seconds")]
+         for k, r in results.items()],
+    )
     _write(Path(args.output), "memory", {"settings": vars(args), "results": results}, table)
 
 

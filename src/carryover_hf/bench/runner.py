@@ -419,7 +419,7 @@ def default_comparisons(methods: Sequence[Method], drafter_names: Sequence[str])
     for d in drafter_names:
         pairs += [(f"{d}/carry_on", f"{d}/carry_off"), (f"{d}/carry_off", f"{d}/dflash_native")]
         # Adaptive proposal length and backoff against the same method with the full block, every round.
-        pairs += [(m.name, m.name.split("@")[0].split("+")[0]) for m in methods
+        pairs += [(m.name, f"{d}/{m.kind}") for m in methods
                   if m.drafter_name == d and (m.confidence_threshold or m.proposal_backoff)]  # fmt: skip
     for i, later in enumerate(drafter_names):
         for earlier in drafter_names[:i]:

@@ -245,7 +245,7 @@ def build_features(config: FeatureBuildConfig, target=None, rows=None, progress:
     if config.max_rows is not None:
         if config.max_rows > len(rows):
             raise FeatureStoreError(f"--max_rows {config.max_rows}: the dataset has only {len(rows)} rows.")
-        rows = rows.select(range(config.max_rows)) if hasattr(rows, "select") else rows[: config.max_rows]
+        rows = _slice(rows, 0, config.max_rows)
     if len(rows) == 0:
         raise FeatureStoreError("The dataset is empty: nothing to encode.")
     if target is None:
