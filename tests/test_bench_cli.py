@@ -89,6 +89,7 @@ def test_cli_tiny_smoke_run_writes_a_report(tmp_path, suite):
     assert [m["name"] for m in report["methods"]] == ["target", "tiny/carry_off", "tiny/carry_on"]
     assert report["prompts"]["by_category"] == {"code": 2, "math": 2}
     assert report["run"]["command"].startswith("carryover-hf bench --target tiny")
+    assert report["run"]["packed_linears"] is True  # auto: float32 on CPU
     assert (out / "results.md").is_file() and (out / "speedup_by_category.png").is_file()
 
 
@@ -99,6 +100,8 @@ def test_cli_tiny_smoke_run_writes_a_report(tmp_path, suite):
         (["--target", "tiny", "--prompts", "no/such/file.jsonl"], "No prompt file"),
         (["--target", "tiny", "--drafter", "a=tiny", "a=tiny-markov"], "repeated"),
         (["--target", "tiny", "--drafter", "./no/such/drafter"], "does not exist"),
+        (["--target", "tiny", "--packed_linears", "yes"], "'auto', 'on' or 'off'"),
+        (["--target", "tiny", "--dtype", "bfloat16", "--packed_linears", "on"], "needs float32 on CPU"),
     ],
 )
 def test_cli_rejects_bad_input(argv, message, capsys):

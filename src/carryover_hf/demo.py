@@ -39,6 +39,10 @@ class DemoArguments:
     temperature: float = field(default=0.0, metadata={"help": "0: greedy (outputs are checked to be identical)"})
     dtype: str = field(default="float32", metadata={"help": "float32 (fastest on AVX2 CPUs) or bfloat16"})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)"})
+    packed_linears: str = field(
+        default="auto",
+        metadata={"help": "oneDNN packed float32 linears (carryover_hf.cpu_kernels) for both models: auto, on or off"},
+    )
     seed: int = field(default=0, metadata={"help": "seed of prompt i is seed + i (sampling)"})
     output: str | None = field(default=None, metadata={"help": "also write the results as JSON here"})
 
@@ -73,6 +77,15 @@ def _check_args(args: DemoArguments) -> None:
         problems.append("--temperature must be >= 0")
     if args.dtype not in ("float32", "bfloat16"):
         problems.append(f"--dtype must be float32 or bfloat16, got {args.dtype!r}")
+    else:
+        import torch
+
+        from .cpu_kernels import resolve_packed_linears
+
+        try:
+            resolve_packed_linears(args.packed_linears, getattr(torch, args.dtype), "cpu")
+        except ValueError as error:
+            problems.append(str(error))
     if problems:
         raise ValueError("; ".join(problems))
 
@@ -83,6 +96,7 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
 
     from .bench.prompts import default_suite_dir, encode_prompt, load_prompts
     from .bench.runner import BenchmarkSettings, Method, check_greedy_output, run_method
+    from .cpu_kernels import pack_linears, resolve_packed_linears
 
     _check_args(args)
     if args.threads:
@@ -98,6 +112,10 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
 
         source, options = resolve_drafter(args.drafter)
         drafter = load_drafter(source, target, **options)
+    packed = resolve_packed_linears(args.packed_linears, target.dtype, target.device)
+    if packed:
+        for model in (target, drafter):
+            pack_linears(model)
     target.eval()
     drafter.eval()
     settings = BenchmarkSettings(max_new_tokens=args.max_new_tokens, warmup=0, overhead=False)
@@ -137,6 +155,7 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
         "drafter": args.drafter,
         "dtype": str(target.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
+        "packed_linears": packed,
         "temperature": args.temperature,
         "max_new_tokens": args.max_new_tokens,
         "speedup": total_plain / total_spec,
@@ -157,6 +176,7 @@ def format_summary(summary: dict) -> str:
     accept = summary["mean_acceptance_length"]
     lines.append(
         f"\n{summary['drafter']} on {summary['target']} ({summary['dtype']}, {summary['threads']} threads, "
+        f"{'packed' if summary.get('packed_linears') else 'default'} linears, "
         f"T={summary['temperature']}): speedup {summary['speedup']:.2f}x over the target alone, "
         f"mean acceptance length {accept:.2f}" if accept is not None else "no speculative rounds ran"
     )

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from transformers import HfArgumentParser
 
+from ..cpu_kernels import pack_linears, resolve_packed_linears
 from .prompts import default_suite_dir, load_prompts, tiny_prompts
 from .runner import BenchmarkSettings, CorrectnessError, run_benchmark
 
@@ -55,6 +56,11 @@ class BenchArguments:
     progress: bool = field(default=True, metadata={"help": "Show progress bars."})
     tiny_block_size: int = field(default=4, metadata={"help": "Block size of 'tiny' drafters."})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)."})
+    packed_linears: str = field(
+        default="auto",
+        metadata={"help": "oneDNN packed float32 linears for target and drafters (carryover_hf.cpu_kernels): 'auto' "
+                  "(on for float32 on CPU), 'on' or 'off'. Every method runs on the same models."},
+    )
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -121,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         dtype = DTYPES[args.dtype]
+        packed = resolve_packed_linears(args.packed_linears, dtype, device)
         tiny = args.target == "tiny"
 
         # Prompts first: a bad file should fail before minutes of model loading.
@@ -153,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
 
             target, tokenizer = load_target(args.target, dtype=args.dtype, device=device)
         drafters = {name: _load_drafter(path, target, dtype, args.tiny_block_size, i) for i, (name, path) in enumerate(names)}
+        if packed:
+            for model in (target, *drafters.values()):
+                pack_linears(model)
     except (ValueError, FileNotFoundError, RuntimeError) as error:
         print(f"carryover-hf bench: {error}", file=sys.stderr)
         return 2
@@ -168,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "categories": args.category or None,
         "split": args.split,
         "num_prompts_per_category": args.num_prompts,
+        "packed_linears": packed,
     }
     try:
         run_benchmark(

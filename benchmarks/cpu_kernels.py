@@ -1,0 +1,177 @@
+"""What a target forward over k new tokens costs, with PyTorch's default float32 linears and with packed ones.
+
+One process, one model: the linears are swapped between `nn.Linear` (MKL) and `PackedLinear` (oneDNN, weights
+packed once; `carryover_hf.cpu_kernels`) and both are timed in one loop, alternating at every repeat, at each k on
+a fixed context. The cost of a speculative round's verification is the k = drafts + 1 column over the k = 1 column
+of the same kernel.
+
+It also measures row invariance: the largest logit difference between one forward over k tokens and k one-token
+steps on the same context, and whether their argmaxes agree (greedy verification compares exactly these).
+
+    python benchmarks/cpu_kernels.py --threads 1 --output benchmarks/results/smollm2-135m-cpu-kernels
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from carryover_hf.cpu_kernels import PackedLinear, pack_linears, packed_linears_available
+
+
+def _linear_slots(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear, PackedLinear]]:
+    """(parent, attribute, plain, packed) for every packed linear: swapping the attribute swaps the kernel."""
+    slots = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, PackedLinear):
+                slots.append((parent, name, child.unwrap(), child))
+    return slots
+
+
+def _use(slots, kernel: str) -> None:
+    for parent, name, plain, packed in slots:
+        setattr(parent, name, packed if kernel == "packed" else plain)
+
+
+def _crop(cache, context: int) -> None:
+    extra = cache.get_seq_length() - context
+    if extra > 0:
+        cache.crop(-extra)
+
+
+@torch.no_grad()
+def _time_forward(model, cache, context: int, tokens: torch.Tensor, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        _crop(cache, context)
+        start = time.perf_counter()
+        model(tokens, past_key_values=cache, use_cache=True)
+        times.append(time.perf_counter() - start)
+    _crop(cache, context)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def _row_invariance(model, ids: torch.Tensor, context: int, k: int) -> dict:
+    """One forward over ids[context:context+k] against k one-token steps, both on the same prefilled context."""
+    prefix = model(ids[:, :context], use_cache=True).past_key_values
+    block = model(ids[:, context : context + k], past_key_values=prefix, use_cache=True).logits[0]
+    cache = model(ids[:, :context], use_cache=True).past_key_values
+    steps = []
+    for i in range(context, context + k):
+        steps.append(model(ids[:, i : i + 1], past_key_values=cache, use_cache=True).logits[0, -1])
+    steps = torch.stack(steps)
+    return {
+        "max_abs_logit_difference": float((block - steps).abs().max()),
+        "bitwise_equal": bool(torch.equal(block, steps)),
+        "argmax_equal": bool(torch.equal(block.argmax(-1), steps.argmax(-1))),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--context", type=int, default=300, help="tokens already in the cache")
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 8, 16])
+    parser.add_argument("--rounds", type=int, default=12, help="alternations of the two kernels")
+    parser.add_argument("--repeats", type=int, default=3, help="timed forwards per kernel, k and round")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", type=Path, required=True, help="folder for results.json and results.md")
+    args = parser.parse_args()
+    if not packed_linears_available():
+        raise SystemExit("this PyTorch build has no oneDNN packed linear")
+    torch.set_num_threads(args.threads)
+    from carryover_hf.targets import load_target
+
+    model, _ = load_target(args.target, dtype="float32")
+    pack_linears(model)
+    slots = _linear_slots(model)
+    generator = torch.Generator().manual_seed(args.seed)
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (1, args.context + max(args.ks)), generator=generator)
+    kernels = ("default", "packed")
+    times = {kernel: {k: [] for k in args.ks} for kernel in kernels}
+    with torch.no_grad():
+        cache = model(ids[:, : args.context], use_cache=True).past_key_values
+        for round_ in range(args.rounds):
+            for kernel in kernels if round_ % 2 == 0 else kernels[::-1]:
+                _use(slots, kernel)
+                for k in args.ks:
+                    tokens = ids[:, args.context : args.context + k]
+                    times[kernel][k].append(_time_forward(model, cache, args.context, tokens, args.repeats))
+    invariance = {}
+    for kernel in kernels:
+        _use(slots, kernel)
+        invariance[kernel] = {k: _row_invariance(model, ids, args.context, k) for k in args.ks if k > 1}
+    step = {kernel: statistics.median(times[kernel][1]) for kernel in kernels}
+    table = {
+        kernel: {
+            k: {
+                "median_ms": 1e3 * statistics.median(v),
+                "over_own_1_token_step": statistics.median(v) / step[kernel],
+                "over_default_1_token_step": statistics.median(v) / step["default"],
+            }
+            for k, v in times[kernel].items()
+        }
+        for kernel in kernels
+    }
+    results = {
+        "command": "python benchmarks/cpu_kernels.py "
+        + " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items()),
+        "target": args.target,
+        "threads": args.threads,
+        "context": args.context,
+        "torch": torch.__version__,
+        "linears": len(slots),
+        "forward_cost": table,
+        "row_invariance": invariance,
+        "raw_seconds": times,
+    }
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    lines = [
+        f"# Target forward over k new tokens: default vs packed float32 linears ({args.target})",
+        "",
+        f"`{results['command']}`",
+        "",
+        f"Context {args.context} tokens, {args.threads} thread(s), torch {torch.__version__}, {len(slots)} linears; "
+        f"median of {args.rounds} alternating rounds x {args.repeats} forwards. Ratios are over the 1-token step "
+        "of the same kernel (own) and of the default kernel.",
+        "",
+        "| k | default ms | default / own step | packed ms | packed / own step | packed / default step |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for k in args.ks:
+        d, p = table["default"][k], table["packed"][k]
+        lines.append(
+            f"| {k} | {d['median_ms']:.1f} | {d['over_own_1_token_step']:.2f} | {p['median_ms']:.1f} | "
+            f"{p['over_own_1_token_step']:.2f} | {p['over_default_1_token_step']:.2f} |"
+        )
+    lines += [
+        "",
+        "Row invariance: one forward over k tokens against k one-token steps (same context).",
+        "",
+        "| k | default: max logit diff | default: bitwise / argmax equal | packed: max logit diff | "
+        "packed: bitwise / argmax equal |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for k in invariance["default"]:
+        d, p = invariance["default"][k], invariance["packed"][k]
+        lines.append(
+            f"| {k} | {d['max_abs_logit_difference']:.2e} | {d['bitwise_equal']} / {d['argmax_equal']} | "
+            f"{p['max_abs_logit_difference']:.2e} | {p['bitwise_equal']} / {p['argmax_equal']} |"
+        )
+    (args.output / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Packed float32 linear layers for CPU inference: verifying k tokens at closer to the cost of one step.
+
+A speculative round on CPU pays for one target forward over the k verified rows. With PyTorch's default float32
+linear (MKL), a matmul with 2-16 rows streams the weight matrix more than once, so on SmolLM2-135M at one thread a
+4-row forward costs about 1.75x a 1-row step, although both are bound by reading the same weights. oneDNN, with
+each weight reordered once into its blocked layout, streams it once for a few rows; for a single row MKL's
+matrix-vector kernel is the faster of the two. `PackedLinear` therefore runs one row through `F.linear` (a target's
+plain decode step is unchanged, bit for bit) and two or more rows through the packed weight.
+`benchmarks/cpu_kernels.py` measures both kernels on the machine at hand (`docs/cpu-kernels.md` has the figures).
+
+`pack_linears(model)` swaps each float32 CPU `nn.Linear` for a `PackedLinear` that shares its parameters (tied
+weights stay tied; `state_dict`, `save_pretrained` and `.weight` are unchanged). The packed copy is derived state:
+it is rebuilt when the weight changes (optimizer step, `load_state_dict`, `.to()`), dropped by `copy.deepcopy` and
+pickling, and skipped, falling back to `F.linear`, for other dtypes or devices and whenever autograd needs the
+weight's gradient. It costs one more copy of the weights in memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+# Row count the reorder is tuned for (measured here: 4 makes 2-8 rows cheapest; 1 makes them slower).
+PACK_ROWS = 4
+# Fewer rows than this go through F.linear: MKL's matrix-vector kernel beats the packed one on a single row.
+MIN_PACKED_ROWS = 2
+
+
+def packed_linears_available() -> bool:
+    """Whether this PyTorch build has the oneDNN packed linear (CPU builds with MKL-DNN)."""
+    mkldnn = torch.ops.mkldnn
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(mkldnn, "_reorder_linear_weight")
+        and hasattr(mkldnn, "_linear_pointwise")
+    )
+
+
+class PackedLinear(nn.Linear):
+    """An `nn.Linear` whose float32 CPU inference over two or more rows runs on a weight packed once for oneDNN.
+
+    Made with `PackedLinear.wrap(linear)`; shares `linear.weight` and `linear.bias`.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._packed: torch.Tensor | None = None
+        self._packed_key: tuple | None = None  # (data_ptr, version) of the weight the pack was made from
+
+    @classmethod
+    def wrap(cls, linear: nn.Linear) -> "PackedLinear":
+        packed = cls.__new__(cls)
+        nn.Module.__init__(packed)
+        packed.in_features, packed.out_features = linear.in_features, linear.out_features
+        packed.weight = linear.weight
+        packed.bias = linear.bias
+        packed._packed, packed._packed_key = None, None
+        packed.train(linear.training)
+        return packed
+
+    def unwrap(self) -> nn.Linear:
+        """A plain `nn.Linear` sharing this layer's parameters."""
+        linear = nn.Linear.__new__(nn.Linear)
+        nn.Module.__init__(linear)
+        linear.in_features, linear.out_features = self.in_features, self.out_features
+        linear.weight, linear.bias = self.weight, self.bias
+        linear.train(self.training)
+        return linear
+
+    def __getstate__(self) -> dict:
+        # The opaque oneDNN tensor cannot be copied or pickled; copies repack on their first call.
+        state = self.__dict__.copy()
+        state["_packed"], state["_packed_key"] = None, None
+        return state
+
+    def _usable(self, x: torch.Tensor) -> bool:
+        if x.dim() == 0 or x.numel() < MIN_PACKED_ROWS * x.shape[-1]:
+            return False
+        weight = self.weight
+        if x.dtype != torch.float32 or weight.dtype != torch.float32:
+            return False
+        if x.device.type != "cpu" or weight.device.type != "cpu":
+            return False
+        needs_grad = weight.requires_grad or x.requires_grad or (self.bias is not None and self.bias.requires_grad)
+        return not (torch.is_grad_enabled() and needs_grad)
+
+    def packed_weight(self) -> torch.Tensor:
+        """The packed weight, rebuilt if the weight was replaced or changed in place since it was made."""
+        key = (self.weight.data_ptr(), self.weight._version)
+        if self._packed_key != key:
+            with torch.no_grad():
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_ROWS)
+            self._packed_key = key
+        return self._packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._usable(x):
+            return F.linear(x, self.weight, self.bias)
+        bias = None if self.bias is None else self.bias.detach()
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), bias, "none", [], "")
+
+
+def _swap(model: nn.Module, wanted: type, make) -> int:
+    count = 0
+    for parent in model.modules():
+        for name, child in list(parent.named_children()):
+            if wanted(child):
+                setattr(parent, name, make(child))
+                count += 1
+    return count
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Swap every float32 CPU `nn.Linear` of `model` for a `PackedLinear` and pack it now; returns how many.
+
+    Meant for inference on CPU (targets and drafters alike). Layers already packed, on other devices or in other
+    dtypes are left as they are.
+    """
+    if not packed_linears_available():
+        raise RuntimeError(
+            "this PyTorch build has no oneDNN packed linear (torch.backends.mkldnn is unavailable); "
+            "run without packed linears"
+        )
+
+    def wanted(module: nn.Module) -> bool:
+        return (
+            type(module) is nn.Linear and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
+        )
+
+    def make(linear: nn.Linear) -> PackedLinear:
+        packed = PackedLinear.wrap(linear)
+        packed.packed_weight()
+        return packed
+
+    return _swap(model, wanted, make)
+
+
+def unpack_linears(model: nn.Module) -> int:
+    """Undo `pack_linears`: plain `nn.Linear` layers sharing the same parameters; returns how many."""
+    return _swap(model, lambda module: isinstance(module, PackedLinear), PackedLinear.unwrap)
+
+
+def resolve_packed_linears(choice: str, dtype: torch.dtype, device: torch.device | str) -> bool:
+    """The CLIs' `--packed_linears auto|on|off`: `auto` packs float32 models on CPU when oneDNN is there."""
+    if choice not in ("auto", "on", "off"):
+        raise ValueError(f"--packed_linears must be 'auto', 'on' or 'off', got {choice!r}")
+    usable = torch.device(device).type == "cpu" and dtype == torch.float32
+    if choice == "on":
+        if not usable:
+            raise ValueError(f"--packed_linears on needs float32 on CPU (got {dtype} on {device}); use auto or off")
+        if not packed_linears_available():
+            raise ValueError("--packed_linears on: this PyTorch build has no oneDNN packed linear; use auto or off")
+        return True
+    return choice == "auto" and usable and packed_linears_available()
+
+
+__all__ = ["MIN_PACKED_ROWS", "PACK_ROWS", "PackedLinear", "pack_linears", "packed_linears_available", "resolve_packed_linears", "unpack_linears"]

@@ -1,0 +1,125 @@
+"""Packed float32 CPU linears: same results as `nn.Linear`, row-invariant, never stale, lossless generation."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import carryover_hf  # noqa: F401  (installs the generation hook)
+from carryover_hf.cpu_kernels import (
+    PackedLinear,
+    pack_linears,
+    packed_linears_available,
+    resolve_packed_linears,
+    unpack_linears,
+)
+from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+
+
+pytestmark = pytest.mark.skipif(not packed_linears_available(), reason="this PyTorch build has no oneDNN")
+
+
+def _linear(out_features=96, in_features=40, bias=True, seed=0):
+    torch.manual_seed(seed)
+    return nn.Linear(in_features, out_features, bias=bias)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_linear_matches_linear(bias):
+    linear = _linear(bias=bias)
+    packed = PackedLinear.wrap(linear)
+    x = torch.randn(3, 7, 40)
+    with torch.no_grad():
+        torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+    assert packed.weight is linear.weight and packed.bias is linear.bias
+
+
+def test_one_row_runs_the_default_kernel_and_several_rows_the_packed_one(monkeypatch):
+    linear = _linear(out_features=1536, in_features=576)
+    packed = PackedLinear.wrap(linear)
+    calls = []
+    original = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(a[0].shape) or original(*a))
+    with torch.no_grad():
+        for shape in [(1, 576), (1, 1, 576)]:  # a decode step: bit for bit what nn.Linear gives
+            x = torch.randn(shape)
+            assert torch.equal(packed(x), linear(x))
+        assert calls == []
+        x = torch.randn(1, 5, 576)
+        torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+    assert calls == [(1, 5, 576)]
+
+
+def test_pack_is_rebuilt_when_the_weight_changes():
+    linear = _linear()
+    packed = PackedLinear.wrap(linear)
+    x = torch.randn(2, 40)
+    with torch.no_grad():
+        before = packed(x)
+        linear.weight.mul_(2.0)  # in place: same storage, new version
+        torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+        linear.weight = nn.Parameter(torch.randn(96, 40))  # replaced on the original: the wrapper keeps its own
+        packed.weight = nn.Parameter(torch.randn(96, 40))  # replaced on the wrapper
+        torch.testing.assert_close(packed(x), x @ packed.weight.T + packed.bias, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(before, packed(x).detach())
+
+
+def test_autograd_other_dtypes_and_devices_fall_back_to_linear():
+    linear = _linear()
+    packed = PackedLinear.wrap(linear)
+    x = torch.randn(2, 40)
+    packed(x).sum().backward()  # grad enabled, weight requires grad: F.linear, so gradients flow
+    assert linear.weight.grad is not None and linear.weight.grad.abs().sum() > 0
+    assert packed._packed is None  # never packed for the autograd call
+    half = PackedLinear.wrap(_linear().to(torch.bfloat16))
+    with torch.no_grad():
+        out = half(x.to(torch.bfloat16))
+    assert out.dtype == torch.bfloat16 and half._packed is None
+
+
+def test_pack_linears_swaps_float32_linears_and_keeps_parameters():
+    target = tiny_target("llama", vocab_size=32, seed=1)
+    linears = sum(type(m) is nn.Linear for m in target.modules())
+    target.lm_head.weight = target.get_input_embeddings().weight  # tied, as SmolLM2's are
+    state = {k: v.data_ptr() for k, v in target.state_dict().items()}
+    x = torch.randint(0, 32, (2, 9))
+    with torch.no_grad():
+        expected = target(x).logits
+        assert pack_linears(target) == linears > 0
+        assert not any(type(m) is nn.Linear for m in target.modules())
+        assert pack_linears(target) == 0  # already packed
+        torch.testing.assert_close(target(x).logits, expected, rtol=1e-4, atol=1e-4)
+    assert {k: v.data_ptr() for k, v in target.state_dict().items()} == state
+    assert target.get_output_embeddings().weight is target.get_input_embeddings().weight  # still tied
+    copy.deepcopy(target)  # drafters and targets get copied by Trainer and tests
+    assert unpack_linears(target) == linears
+    assert sum(type(m) is nn.Linear for m in target.modules()) == linears
+    assert pack_linears(tiny_target("llama", vocab_size=32, seed=1).to(torch.bfloat16)) == 0
+
+
+@pytest.mark.parametrize("kind", ["dflash", "markov"])
+def test_greedy_generation_with_packed_models_is_identical(kind):
+    target = skew_towards_token(tiny_target("qwen3", vocab_size=16, seed=1), 3, 0.1)
+    drafter = tiny_drafter(target, block_size=4, drafter_type=kind, seed=2)
+    assert pack_linears(target) > 0 and pack_linears(drafter) > 0
+    accepted = 0
+    for i in range(8):
+        prompt = torch.randint(0, 16, (1, 2 + i), generator=torch.Generator().manual_seed(i))
+        kwargs = dict(max_new_tokens=24, do_sample=False, attention_mask=torch.ones_like(prompt))
+        reference = target.generate(prompt, **kwargs)
+        output = target.generate(prompt, assistant_model=drafter, **kwargs)
+        assert torch.equal(output, reference), i
+        accepted += sum(a - 1 for a in drafter.last_generation_stats.acceptance_lengths)
+    assert accepted > 0  # some drafts were accepted, so verification forwards over several rows were compared
+
+
+def test_resolve_packed_linears():
+    assert resolve_packed_linears("auto", torch.float32, "cpu") is True
+    assert resolve_packed_linears("auto", torch.bfloat16, "cpu") is False
+    assert resolve_packed_linears("off", torch.float32, "cpu") is False
+    assert resolve_packed_linears("on", torch.float32, "cpu") is True
+    with pytest.raises(ValueError, match="needs float32 on CPU"):
+        resolve_packed_linears("on", torch.bfloat16, "cpu")
+    with pytest.raises(ValueError, match="'auto', 'on' or 'off'"):
+        resolve_packed_linears("yes", torch.float32, "cpu")
