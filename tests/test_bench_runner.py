@@ -306,3 +306,24 @@ def test_round_profile_and_adaptive_length_methods(models, tmp_path):
     assert all(r["rest_time"] > 0 for r in adaptive + full)
     assert drafter.config.draft_confidence_threshold is None and drafter.config.use_carryover  # never changed
     assert "### Round profile" in (tmp_path / "results.md").read_text()
+
+
+def test_lookup_methods_are_compared_with_the_plain_drafter_and_prompt_lookup(models):
+    target, drafters = models
+    drafter = drafters["d"]
+    settings = BenchmarkSettings(temperatures=[0.0], max_new_tokens=16, methods=["target", "prompt_lookup", "carry_off"],
+                                 lookup_drafts=[6], bootstrap_resamples=200, overhead=False, warmup=0)  # fmt: skip
+    report = run_benchmark(target, {"d": drafter}, tiny_prompts(3, vocab_size=VOCAB), settings=settings, progress=False)
+    assert [m["name"] for m in report["methods"]] == ["target", "prompt_lookup", "d/carry_off", "d/carry_off+lookup6"]
+    assert report["methods"][3]["lookup_drafts"] == 6 and report["methods"][2]["lookup_drafts"] is None
+    assert report["correctness"]["passed"]
+    pairs = {(c["a"], c["b"]) for c in report["results"][0]["comparisons"]}
+    assert {("d/carry_off+lookup6", "d/carry_off"), ("d/carry_off+lookup6", "prompt_lookup")} <= pairs
+    looked_up = [r for r in report["runs"] if r["method"] == "d/carry_off+lookup6"]
+    assert max(max(r["draft_lengths"], default=0) for r in looked_up) > drafter.config.block_size - 1  # lookups ran
+    assert drafter.config.lookup_drafts is None  # per-call option: the drafter's config is never changed
+
+
+def test_lookup_drafts_must_be_positive():
+    with pytest.raises(ValueError, match="lookup_drafts must be at least 1 token"):
+        BenchmarkSettings(lookup_drafts=[0]).validate()

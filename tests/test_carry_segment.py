@@ -156,15 +156,24 @@ def test_eager_and_sdpa_drafters_agree():
     assert outputs["eager"][1] == outputs["sdpa"][1]
 
 
-def test_backoff_skips_the_drafter_and_hands_it_every_verified_row_later(setup):
-    """Under `proposal_backoff` skipped rounds run no drafter forward; the next proposal takes all rows verified since
-    the last one (contiguous positions, the cache then holds exactly the committed rows), carries nothing after a
-    plain step, and drafts what a proposal from a drafter fed round by round drafts."""
-    target, drafter, prompt = setup
-    output, rec = _run(target, drafter, prompt, max_new_tokens=48, proposal_backoff=4)
+@pytest.mark.parametrize(
+    "target_seed, options", [(21, dict(proposal_backoff=4)), (22, dict(lookup_drafts=6))], ids=["backoff", "lookup"]
+)
+def test_rounds_without_the_drafter_hand_it_every_verified_row_later(setup, target_seed, options):
+    """Rounds skipped by `proposal_backoff` (plain steps) and rounds proposed by `lookup_drafts` run no drafter
+    forward; the next proposal takes all rows verified since the last one (contiguous positions, the cache then holds
+    exactly the committed rows), carries nothing after such a round, and drafts what a proposal from a drafter fed
+    round by round drafts."""
+    _, drafter, prompt = setup
+    # (seed 22 alternates lookups and drafter proposals on this prompt; the fixture's target soon loops for good)
+    target = tiny_target("qwen3", vocab_size=16, seed=target_seed)
+    output, rec = _run(target, drafter, prompt, max_new_tokens=48, **options)
     stats = drafter.last_generation_stats
-    assert stats.skipped_by_backoff > 0
-    assert len(rec.proposals) == len(stats.draft_lengths) - stats.skipped_by_backoff - 1  # the last round has no budget
+    without_drafter = stats.skipped_by_backoff + stats.lookup_proposals
+    assert without_drafter > 0 and (stats.lookup_proposals > 0) == ("lookup_drafts" in options)
+    assert len(rec.proposals) == len(stats.carry_rows)
+    # Every round is a drafter proposal, a round without it, or the final plain step when the budget leaves no room.
+    assert len(stats.draft_lengths) - without_drafter - len(rec.proposals) in (0, 1)
     cached = 0
     for proposal in rec.proposals:
         kwargs = proposal["kwargs"]
@@ -173,9 +182,10 @@ def test_backoff_skips_the_drafter_and_hands_it_every_verified_row_later(setup):
         assert kwargs["context_position_ids"][0].tolist() == list(range(cached, anchor_pos))
         assert proposal["cache_length"] == anchor_pos
         cached = anchor_pos
-    # A proposal right after skipped rounds (the target's last pass was a plain 1-token step) sees no carry: the
-    # plain steps rejected nothing.
-    after_skip = [p for p in rec.proposals[1:] if rec.verifications[p["verifications_before"] - 1]["input_ids"].shape[1] == 1]
+    # A proposal right after a round the drafter did not propose sees no carry (a plain step rejects nothing; a
+    # lookup's rejected rows are not carried).
+    after_skip = [p for previous, p in zip(rec.proposals, rec.proposals[1:])
+                  if previous["verifications_before"] != p["verifications_before"] - 1]  # fmt: skip
     assert after_skip and all(p["kwargs"]["carry_features"] is None for p in after_skip)
     # The block states equal a from-scratch pass over the whole committed context (carry included as given).
     checked = 0

@@ -172,14 +172,16 @@ def test_confidence_threshold_out_of_range(target):
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True, "4"])
-def test_proposal_backoff_must_be_a_whole_number_of_rounds(target, value):
+@pytest.mark.parametrize("name, unit", [("proposal_backoff", "rounds"), ("lookup_drafts", "tokens")])
+def test_count_options_must_be_whole_numbers(target, name, unit, value):
     from transformers import GenerationConfig
 
-    with pytest.raises(Exception, match="proposal_backoff must be a whole number of rounds"):
-        CarryoverDrafterConfig(proposal_backoff=value)
-    with pytest.raises(ValueError, match="proposal_backoff must be a whole number of rounds"):
+    message = f"{name} must be a whole number of {unit}"
+    with pytest.raises(Exception, match=message):
+        CarryoverDrafterConfig(**{name: value})
+    with pytest.raises(ValueError, match=message):
         target.generate(torch.ones(1, 4, dtype=torch.long), assistant_model=tiny_drafter(target),
-                        generation_config=GenerationConfig(max_new_tokens=3, proposal_backoff=value))
+                        generation_config=GenerationConfig(max_new_tokens=3, **{name: value}))
 
 
 def test_unsupported_transformers_version_is_named_at_import(monkeypatch):

@@ -142,6 +142,31 @@ def test_greedy_output_is_identical_with_proposal_backoff(targets, threshold):
     assert skipped > 0 and proposed > 0, (skipped, proposed)
 
 
+@pytest.mark.parametrize("backoff", [None, 2])
+def test_greedy_output_is_identical_with_lookup_drafts(targets, backoff):
+    """`lookup_drafts` proposes copies of the context in some rounds (no drafter forward) and the drafter in the
+    others; outputs stay exact, with and without the backoff."""
+    lookups = drafter_rounds = long_lookups = 0
+    for stats in _exact_runs(targets, lookup_drafts=10, proposal_backoff=backoff):
+        lookups += stats.lookup_proposals
+        drafter_rounds += len(stats.carry_rows)  # one entry per drafter proposal
+        long_lookups += sum(d > 7 for d in stats.draft_lengths)  # longer than the drafter's block allows
+    assert lookups > 0 and drafter_rounds > 0 and long_lookups > 0, (lookups, drafter_rounds, long_lookups)
+
+
+def test_lookup_continuation():
+    from carryover_hf.generation import lookup_continuation
+
+    seq = torch.tensor([5, 1, 2, 3, 9, 1, 2, 3, 7, 4, 1, 2, 3])
+    assert lookup_continuation(seq, 3).tolist() == [7, 4, 1]  # after the latest earlier occurrence of (1, 2, 3)
+    assert lookup_continuation(seq, 7).tolist() == [7, 4, 1, 2, 3, 7, 4]  # period 5: the loop goes on
+    assert lookup_continuation(torch.tensor([4, 8, 6, 8, 6]), 5).tolist() == [8, 6, 8, 6, 8]  # (6, 8, 6) is new
+    assert lookup_continuation(torch.tensor([7, 7, 7]), 4).tolist() == [7, 7, 7, 7]
+    assert lookup_continuation(torch.tensor([1, 2, 3, 4]), 5) is None  # no n-gram repeats
+    assert lookup_continuation(torch.tensor([7, 7]), 5) is None  # too short for a 2-gram with a continuation
+    assert lookup_continuation(seq, 0) is None
+
+
 @pytest.mark.parametrize("kind", ["dflash", "markov"])
 def test_row_one_first_drafts_what_one_call_drafts(targets, kind, monkeypatch):
     """With a threshold the first row is drafted alone, then the rest; when nothing is cut the candidates (tokens and

@@ -95,6 +95,7 @@ def sample_with_drafter(target, drafter, settings: dict, drafts: Counter | None 
             drafts.update(drafter.last_generation_stats.draft_lengths[:-1])  # the last round may hit the length budget
             drafts["cut"] += drafter.last_generation_stats.stopped_by_confidence
             drafts["skipped"] += drafter.last_generation_stats.skipped_by_backoff
+            drafts["lookup"] += drafter.last_generation_stats.lookup_proposals
     return samples, acceptance
 
 
@@ -146,6 +147,32 @@ def test_sampling_keeps_target_distribution_with_proposal_backoff(target):
     assert acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
     assert drafts["skipped"] > 0 and drafts[1] + drafts[2] + drafts[3] > 0, drafts
     assert_matches(samples, exact_distribution(target, SETTINGS["temperature"]))
+
+
+def test_sampling_keeps_target_distribution_with_lookup_drafts(target):
+    """Rounds whose drafts are copied from the context (one-hot draft distributions) keep the target's distribution."""
+    drafter = tiny_drafter(target, block_size=4, seed=12)
+    drafter.config.lookup_drafts = 3
+    drafts = Counter()
+    samples, acceptance = sample_with_drafter(target, drafter, SETTINGS["temperature"], drafts=drafts)
+    assert drafts["lookup"] > 0 and acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0
+    assert_matches(samples, exact_distribution(target, SETTINGS["temperature"]))
+
+
+def test_sampling_keeps_target_distribution_with_packed_linears(target):
+    """Target and drafter on oneDNN packed linears (`carryover_hf.cpu_kernels`): the distribution is still exact."""
+    import copy
+
+    from carryover_hf.cpu_kernels import pack_linears, packed_linears_available
+
+    if not packed_linears_available():
+        pytest.skip("this PyTorch build has no oneDNN")
+    packed_target = copy.deepcopy(target)
+    drafter = tiny_drafter(packed_target, block_size=4, seed=12)
+    assert pack_linears(packed_target) > 0 and pack_linears(drafter) > 0
+    samples, acceptance = sample_with_drafter(packed_target, drafter, SETTINGS["temperature"])
+    assert acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
+    assert_matches(samples, exact_distribution(packed_target, SETTINGS["temperature"]))
 
 
 def test_chi_square_detects_a_misreported_draft_distribution(target, monkeypatch):

@@ -27,10 +27,14 @@ def default_target_layer_ids(num_target_layers: int, num_layer_ids: int) -> list
     return [int(round(start + i * span / (num_layer_ids - 1))) for i in range(num_layer_ids)]
 
 
-def check_proposal_backoff(value) -> int | None:
-    """`proposal_backoff` as the generator uses it (`None`: off; 0 means off too), or a clear error."""
+COUNT_OPTIONS = {"proposal_backoff": "rounds", "lookup_drafts": "tokens"}
+
+
+def check_count_option(name: str, value) -> int | None:
+    """A count option (`proposal_backoff`, `lookup_drafts`) as the generator uses it (`None`: off; 0 means off
+    too), or a clear error."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"proposal_backoff must be a whole number of rounds >= 0 or None (off), got {value!r}.")
+        raise ValueError(f"{name} must be a whole number of {COUNT_OPTIONS[name]} >= 0 or None (off), got {value!r}.")
     return value or None
 
 
@@ -67,6 +71,10 @@ class CarryoverDrafterConfig(PreTrainedConfig):
             is accepted again; a weak or unsure drafter then costs close to a plain step instead of a doomed
             verification. Lossless (which rounds propose depends only on verified tokens). `None` (default) proposes
             every round. Overridable per `generate` call.
+        lookup_drafts (`int`, *optional*): context lookup: when the last 3 (else 2) tokens occurred earlier in the
+            sequence, the round proposes the (up to) this many tokens that followed their latest occurrence, with
+            no drafter forward; otherwise the drafter proposes. Lossless (greedy: identical tokens; sampling: the
+            drafts are returned as one-hot distributions). `None` (default): off. Overridable per `generate` call.
         vocab_size (`int`): vocabulary size of the target (the drafter shares its embedding and LM head).
         draft_vocab_size (`int`, *optional*): size of a reduced draft vocabulary (EAGLE-3 / speculators style): the
             LM head runs over these target token ids only (`drafter.draft_token_ids`, set with
@@ -95,6 +103,7 @@ class CarryoverDrafterConfig(PreTrainedConfig):
     trained_with_carryover: bool = False
     draft_confidence_threshold: float | int | None = None
     proposal_backoff: int | None = None
+    lookup_drafts: int | None = None
 
     # Qwen3-style layer hyperparameters
     hidden_size: int = 2560
@@ -153,7 +162,8 @@ class CarryoverDrafterConfig(PreTrainedConfig):
             raise ValueError(
                 f"draft_confidence_threshold must lie in [0, 1] or be None (off), got {self.draft_confidence_threshold}."
             )
-        check_proposal_backoff(self.proposal_backoff)
+        for name in COUNT_OPTIONS:
+            check_count_option(name, getattr(self, name))
 
     @property
     def num_target_features(self) -> int:

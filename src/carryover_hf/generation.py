@@ -24,7 +24,7 @@ from transformers.generation.utils import GenerationMixin
 from transformers.utils import logging
 
 from .compatibility import check_compatibility, check_single_sequence, check_target
-from .configuration_carryover import check_proposal_backoff
+from .configuration_carryover import check_count_option
 from .features import embed_block_tokens, gather_target_features, hidden_state_indices
 from .modeling_carryover import CarryoverDrafterModel, DrafterContextBuffer
 from .utils import device_synchronizer
@@ -40,6 +40,9 @@ CARRYOVER_GENERATION_OPTIONS = {
     "proposal_backoff": "after a proposal whose first draft is rejected, skip proposing for 1, 2, 4, ... rounds (at "
     "most this many in a row; plain target steps, no drafter forward) until a draft is accepted again (default: "
     "drafter.config; None or 0 = off)",
+    "lookup_drafts": "when the last 3 (else 2) tokens occurred earlier in the sequence, propose up to this many of the "
+    "tokens that followed their latest occurrence instead of running the drafter (default: drafter.config; None or "
+    "0 = off)",
     "carryover_timing": "record prefill/drafting/verification wall times in the statistics (synchronises the device "
     "at each boundary; default False)",
 }
@@ -60,6 +63,7 @@ class GenerationStats:
     carry_rows: list[int] = field(default_factory=list)  # carry rows seen by each proposal
     stopped_by_confidence: int = 0  # proposals cut short by `draft_confidence_threshold`
     skipped_by_backoff: int = 0  # rounds with no proposal (plain target steps) under `proposal_backoff`
+    lookup_proposals: int = 0  # rounds whose drafts came from a context lookup (`lookup_drafts`), not the drafter
     timed: bool = False
     prefill_time: float = 0.0
     drafting_time: float = 0.0
@@ -120,8 +124,12 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         if self.confidence_threshold is not None and float(self.confidence_threshold) == 0.0:
             self.confidence_threshold = None  # 0 never cuts a proposal: the same as off (and turns off a config default)
         # 0 never skips: the same as off (and turns off a config default).
-        self.backoff = check_proposal_backoff(
-            _option(generation_config, "proposal_backoff", getattr(drafter.config, "proposal_backoff", None))
+        self.backoff = check_count_option(
+            "proposal_backoff",
+            _option(generation_config, "proposal_backoff", getattr(drafter.config, "proposal_backoff", None)),
+        )
+        self.lookup_drafts = check_count_option(
+            "lookup_drafts", _option(generation_config, "lookup_drafts", getattr(drafter.config, "lookup_drafts", None))
         )
         self.timing = bool(_option(generation_config, "carryover_timing", False))
         # Speculative sampling, Transformers' lossy ensemble mode and the confidence rule read the candidate logits;
@@ -147,7 +155,8 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         self.uncached: list[torch.Tensor] = []  # verified rows since then, given to the next proposal
         self.failures = 0  # proposals in a row whose first draft was rejected
         self.skip_rounds = 0  # rounds left to skip under the backoff
-        self.last_num_drafts = 0
+        self.last_num_drafts = 0  # drafts of the last drafter proposal (0 after a plain step or a lookup)
+        self.last_from_lookup = False  # whether the round just verified proposed a context lookup
         self.started = False  # whether the prefill's states have reached the drafter
         self.carry_features: torch.Tensor | None = None
         self.carry_positions: torch.Tensor | None = None
@@ -199,17 +208,24 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             raise RuntimeError(f"Drafter context ({anchor_position} rows) is out of step with the sequence.")
 
         # 3. Refresh carry: the rejected rows, at the positions where they were verified; replaced every round.
-        if self.use_carryover and rejected.shape[1] > 0:
+        # Only the drafter's own rejected drafts are carried (a lookup's are not what it was trained to read).
+        if self.use_carryover and rejected.shape[1] > 0 and not self.last_from_lookup:
             self.carry_features = rejected
             self.carry_positions = self.positions[:, anchor_position : anchor_position + rejected.shape[1]]
         else:
             self.carry_features = self.carry_positions = None
 
-        num_drafts = min(self.config.block_size - 1, self.max_length - input_ids.shape[1] - 1)
+        room = self.max_length - input_ids.shape[1] - 1  # drafts that fit before the length budget's last token
+        num_drafts = min(self.config.block_size - 1, room)
+        self.last_from_lookup = False
         if num_drafts <= 0:
             # The next target step fills the length budget and generation ends there: no proposal is needed.
             self.finished_drafting = True
             return self._plain_step(input_ids)
+        if self.lookup_drafts is not None:
+            drafts = lookup_continuation(input_ids[0], min(self.lookup_drafts, room))
+            if drafts is not None:
+                return self._lookup_proposal(input_ids, drafts)
         if self._backing_off(n_last_matches):
             return self._plain_step(input_ids, skipped=True)
 
@@ -251,6 +267,26 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         self.stats.skipped_by_backoff += int(skipped)
         self.stats.drafting_time += self._lap()
         return input_ids, None
+
+    def _lookup_proposal(
+        self, input_ids: torch.LongTensor, drafts: torch.LongTensor
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """`lookup_drafts`: this round's drafts are copied from the context; the drafter does not run (its verified
+        rows wait for the next drafter proposal, as after a plain step). Under sampling the drafts come with one-hot
+        distributions (q = 1 at the draft): speculative sampling then accepts draft j with the target's probability
+        of it and otherwise samples from the target's distribution without it, which is the target's distribution."""
+        self.last_num_drafts = 0  # the backoff counts the drafter's failures, not the lookup's
+        self.last_from_lookup = True
+        self.stats.lookup_proposals += 1
+        self.stats.draft_lengths.append(drafts.numel())
+        candidate_ids = torch.cat([input_ids, drafts.unsqueeze(0)], dim=-1)
+        candidate_logits = None
+        if self.return_logits:
+            vocab_size = self.lm_head.weight.shape[0]
+            candidate_logits = torch.full((1, drafts.numel(), vocab_size), float("-inf"), device=drafts.device)
+            candidate_logits.scatter_(-1, drafts.view(1, -1, 1), 0.0)
+        self.stats.drafting_time += self._lap()
+        return candidate_ids, candidate_logits
 
     def _backing_off(self, n_last_matches: int) -> bool:
         """`proposal_backoff`: after a proposal whose first draft the target rejected, the next 1, 2, 4, ...
@@ -333,6 +369,31 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             return
         self.stats.verification_time += elapsed
         self.stats.acceptance_lengths.append(int(num_matches) + 1)
+
+
+# n-gram sizes a context lookup tries, longest first.
+LOOKUP_NGRAM_SIZES = (3, 2)
+
+
+def lookup_continuation(sequence: torch.LongTensor, max_tokens: int) -> torch.LongTensor | None:
+    """`max_tokens` tokens predicted by the latest earlier occurrence of the last 3 tokens of `sequence` (1-D), else
+    of its last 2; `None` when neither occurred before.
+
+    The occurrence says the text repeats with period d (its distance to the end): token L + j is token L + j - d.
+    So the drafts are the d tokens that followed it, cycled (a loop goes on looping)."""
+    length = sequence.numel()
+    if max_tokens < 1:
+        return None
+    for n in LOOKUP_NGRAM_SIZES:
+        if length <= n:
+            continue
+        windows = sequence[:-1].unfold(0, n, 1)  # every n-gram followed by at least one token
+        hits = (windows == sequence[-n:]).all(dim=1).nonzero()
+        if hits.numel():
+            start = int(hits[-1]) + n
+            period = length - start
+            return sequence[start + torch.arange(max_tokens, device=sequence.device) % period]
+    return None
 
 
 def check_pair(target: PreTrainedModel, drafter: CarryoverDrafterModel) -> None:
@@ -459,4 +520,5 @@ __all__ = [
     "check_pair",
     "declare_generation_options",
     "install_generation_hook",
+    "lookup_continuation",
 ]

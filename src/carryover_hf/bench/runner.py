@@ -82,6 +82,12 @@ class BenchmarkSettings:
                   "(methods '<kind>[@<threshold>]+backoff<N>': after a rejected first draft, skip proposing for 1, 2, "
                   "4, ... rounds, at most N in a row)."},
     )
+    lookup_drafts: list[int] = field(
+        default_factory=list,
+        metadata={"help": "Also run each Carryover method (and each thresholded / backoff one) with context lookup "
+                  "(methods '...+lookup<N>': when the last 3 or 2 tokens occurred before, propose up to N tokens "
+                  "copied from there instead of running the drafter)."},
+    )
     overhead: bool = field(default=True, metadata={"help": "Measure the carry overhead of each drafter in isolation."})
     overhead_context_lengths: list[int] = field(
         default_factory=lambda: [128, 512, 2048], metadata={"help": "Context lengths of the overhead measurement."}
@@ -117,6 +123,9 @@ class BenchmarkSettings:
         bad = [b for b in self.proposal_backoffs if b < 1]
         if bad:
             raise ValueError(f"proposal_backoffs must be at least 1 round, got {bad}")
+        bad = [n for n in self.lookup_drafts if n < 1]
+        if bad:
+            raise ValueError(f"lookup_drafts must be at least 1 token, got {bad}")
         for pair in self.compare:
             if len(pair.split(",")) != 2:
                 raise ValueError(f"--compare takes 'A,B' (two method names), got {pair!r}")
@@ -133,6 +142,7 @@ class Method:
     use_carryover: bool | None = None
     confidence_threshold: float | None = None
     proposal_backoff: int | None = None
+    lookup_drafts: int | None = None
 
     @property
     def speculative(self) -> bool:
@@ -151,12 +161,13 @@ class Method:
         if self.kind in ("carry_off", "carry_on"):
             # 0 turns the adaptive length off whatever the drafter's config says.
             return {"use_carryover": bool(self.use_carryover), "draft_confidence_threshold": self.confidence_threshold or 0.0,
-                    "proposal_backoff": self.proposal_backoff or 0}
+                    "proposal_backoff": self.proposal_backoff or 0, "lookup_drafts": self.lookup_drafts or 0}
         return {}
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "drafter": self.drafter_name, "use_carryover": self.use_carryover,
-                "draft_confidence_threshold": self.confidence_threshold, "proposal_backoff": self.proposal_backoff}
+                "draft_confidence_threshold": self.confidence_threshold, "proposal_backoff": self.proposal_backoff,
+                "lookup_drafts": self.lookup_drafts}
 
 
 @dataclass
@@ -407,8 +418,12 @@ def build_methods(
             if kind in settings.methods:
                 for threshold in [None, *settings.draft_confidence_thresholds]:
                     for backoff in [None, *settings.proposal_backoffs]:
-                        label = f"{name}/{kind}" + (f"@{threshold:g}" if threshold else "") + (f"+backoff{backoff}" if backoff else "")
-                        methods.append(Method(label, kind, name, drafter, carry, threshold and float(threshold), backoff))
+                        for lookup in [None, *settings.lookup_drafts]:
+                            label = (f"{name}/{kind}" + (f"@{threshold:g}" if threshold else "")
+                                     + (f"+backoff{backoff}" if backoff else "") + (f"+lookup{lookup}" if lookup else ""))  # fmt: skip
+                            methods.append(
+                                Method(label, kind, name, drafter, carry, threshold and float(threshold), backoff, lookup)
+                            )
     return methods, skipped
 
 
@@ -420,7 +435,9 @@ def default_comparisons(methods: Sequence[Method], drafter_names: Sequence[str])
         pairs += [(f"{d}/carry_on", f"{d}/carry_off"), (f"{d}/carry_off", f"{d}/dflash_native")]
         # Adaptive proposal length and backoff against the same method with the full block, every round.
         pairs += [(m.name, f"{d}/{m.kind}") for m in methods
-                  if m.drafter_name == d and (m.confidence_threshold or m.proposal_backoff)]  # fmt: skip
+                  if m.drafter_name == d and (m.confidence_threshold or m.proposal_backoff or m.lookup_drafts)]  # fmt: skip
+        # Context lookup in front of the drafter against prompt lookup alone.
+        pairs += [(m.name, "prompt_lookup") for m in methods if m.drafter_name == d and m.lookup_drafts]
     for i, later in enumerate(drafter_names):
         for earlier in drafter_names[:i]:
             pairs += [(f"{later}/carry_on", f"{earlier}/carry_off"), (f"{later}/carry_on", f"{earlier}/carry_on")]
