@@ -24,9 +24,11 @@ def test_demo_reports_identical_greedy_outputs_speedup_and_acceptance():
     assert summary["mean_acceptance_length"] > 1.0  # the skewed target accepts drafts
     assert summary["speedup"] > 0
     assert summary["packed_linears"] is True  # auto: float32 on CPU
+    assert summary["lookup_drafts"] == 10 and summary["proposal_backoff"] == 8  # the defaults
     assert type(target.lm_head).__name__ == "PackedLinear"
     table = demo.format_summary(summary)
     assert "greedy outputs identical to the target alone: yes" in table and "tiny-2" in table
+    assert "lookup 10, backoff 8" in table
 
 
 def test_demo_rejects_bad_options_before_loading_anything(capsys):
@@ -34,6 +36,8 @@ def test_demo_rejects_bad_options_before_loading_anything(capsys):
     assert "unknown categories ['poetry']" in capsys.readouterr().err
     assert demo.main(["--dtype", "bfloat16", "--packed_linears", "on", "--target", "/nonexistent"]) == 2
     assert "needs float32 on CPU" in capsys.readouterr().err
+    assert demo.main(["--lookup_drafts", "-1", "--target", "/nonexistent"]) == 2
+    assert "--lookup_drafts and --proposal_backoff must be >= 0" in capsys.readouterr().err
 
 
 def test_shipped_drafter_loads_by_repo_id_from_the_local_hub_cache(tmp_path, monkeypatch):

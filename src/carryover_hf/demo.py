@@ -8,7 +8,10 @@ carryover-hf demo --drafter runs/my-drafter --categories code qa --max_new_token
 The drafters committed under `drafters/<org>/<name>` are placed in the local Hugging Face cache and loaded by repo id,
 exactly as after a download (`AutoModel.from_pretrained("carryover-hf/smollm2-135m-carryover-dflash")`). Each prompt
 runs with the target alone and with the drafter, back to back, after an untimed warm-up; the demo prints both times,
-the speedup and the mean acceptance length, and checks that greedy outputs are identical.
+the speedup and the mean acceptance length, and checks that greedy outputs are identical. The drafter runs as the
+library is meant to be used on CPU: context lookup in front of it (`--lookup_drafts 10`), the proposal backoff
+(`--proposal_backoff 8`) and packed float32 linears (`--packed_linears auto`); set them to 0 / off to see the
+drafter alone.
 """
 
 from __future__ import annotations
@@ -39,6 +42,14 @@ class DemoArguments:
     temperature: float = field(default=0.0, metadata={"help": "0: greedy (outputs are checked to be identical)"})
     dtype: str = field(default="float32", metadata={"help": "float32 (fastest on AVX2 CPUs) or bfloat16"})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)"})
+    lookup_drafts: int = field(
+        default=10,
+        metadata={"help": "context lookup: rounds whose last 3 or 2 tokens occurred before propose this many tokens "
+                  "copied from there instead of running the drafter (0 = off; docs/generate.md)"},
+    )
+    proposal_backoff: int = field(
+        default=8, metadata={"help": "after a rejected first draft, skip proposing for 1, 2, 4, ... rounds (0 = off)"}
+    )
     packed_linears: str = field(
         default="auto",
         metadata={"help": "oneDNN packed float32 linears (carryover_hf.cpu_kernels) for both models: auto, on or off"},
@@ -75,6 +86,8 @@ def _check_args(args: DemoArguments) -> None:
         problems.append("--prompts_per_category and --max_new_tokens must be positive")
     if args.temperature < 0:
         problems.append("--temperature must be >= 0")
+    if args.lookup_drafts < 0 or args.proposal_backoff < 0:
+        problems.append("--lookup_drafts and --proposal_backoff must be >= 0 (0 = off)")
     if args.dtype not in ("float32", "bfloat16"):
         problems.append(f"--dtype must be float32 or bfloat16, got {args.dtype!r}")
     else:
@@ -119,7 +132,9 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
     target.eval()
     drafter.eval()
     settings = BenchmarkSettings(max_new_tokens=args.max_new_tokens, warmup=0, overhead=False)
-    alone, assisted = Method("target", "target"), Method("drafter", "carry_on", assistant=drafter, use_carryover=True)
+    alone = Method("target", "target")
+    assisted = Method("drafter", "carry_on", assistant=drafter, use_carryover=True,
+                      proposal_backoff=args.proposal_backoff or None, lookup_drafts=args.lookup_drafts or None)  # fmt: skip
     encoded = [encode_prompt(p, tokenizer) for p in prompts]
 
     for method in (alone, assisted):  # untimed warm-up
@@ -156,6 +171,8 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
         "dtype": str(target.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
         "packed_linears": packed,
+        "lookup_drafts": args.lookup_drafts,
+        "proposal_backoff": args.proposal_backoff,
         "temperature": args.temperature,
         "max_new_tokens": args.max_new_tokens,
         "speedup": total_plain / total_spec,
@@ -177,6 +194,7 @@ def format_summary(summary: dict) -> str:
     lines.append(
         f"\n{summary['drafter']} on {summary['target']} ({summary['dtype']}, {summary['threads']} threads, "
         f"{'packed' if summary.get('packed_linears') else 'default'} linears, "
+        f"lookup {summary.get('lookup_drafts') or 'off'}, backoff {summary.get('proposal_backoff') or 'off'}, "
         f"T={summary['temperature']}): speedup {summary['speedup']:.2f}x over the target alone, "
         f"mean acceptance length {accept:.2f}" if accept is not None else "no speculative rounds ran"
     )
