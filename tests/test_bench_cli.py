@@ -90,6 +90,7 @@ def test_cli_tiny_smoke_run_writes_a_report(tmp_path, suite):
     assert report["prompts"]["by_category"] == {"code": 2, "math": 2}
     assert report["run"]["command"].startswith("carryover-hf bench --target tiny")
     assert report["run"]["packed_linears"] is True  # auto: float32 on CPU
+    assert " · packed linears · " in (out / "results.md").read_text()
     assert (out / "results.md").is_file() and (out / "speedup_by_category.png").is_file()
 
 

@@ -338,6 +338,7 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         f"{report['created']} · {report['prompts']['count']} prompts ({', '.join(f'{k} {v}' for k, v in report['prompts']['by_category'].items())}) · "
         f"max_new_tokens {s['max_new_tokens']} · {s['dtype']} on {report['environment']['device']}"
         + (f" ({report['environment']['gpu']})" if report["environment"].get("gpu") else "")
+        + (" · packed linears" if report["run"].get("packed_linears") else "")
         + f" · seed {s['seed']} · {confidence}% bootstrap intervals over prompts ({s['bootstrap_resamples']} resamples)",
         "",
         (
