@@ -17,6 +17,8 @@ weight's gradient. It costs one more copy of the weights in memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -51,23 +53,13 @@ class PackedLinear(nn.Linear):
 
     @classmethod
     def wrap(cls, linear: nn.Linear) -> "PackedLinear":
-        packed = cls.__new__(cls)
-        nn.Module.__init__(packed)
-        packed.in_features, packed.out_features = linear.in_features, linear.out_features
-        packed.weight = linear.weight
-        packed.bias = linear.bias
+        packed = _sharing_parameters(cls, linear)
         packed._packed, packed._packed_key = None, None
-        packed.train(linear.training)
         return packed
 
     def unwrap(self) -> nn.Linear:
         """A plain `nn.Linear` sharing this layer's parameters."""
-        linear = nn.Linear.__new__(nn.Linear)
-        nn.Module.__init__(linear)
-        linear.in_features, linear.out_features = self.in_features, self.out_features
-        linear.weight, linear.bias = self.weight, self.bias
-        linear.train(self.training)
-        return linear
+        return _sharing_parameters(nn.Linear, self)
 
     def __getstate__(self) -> dict:
         # The opaque oneDNN tensor cannot be copied or pickled; copies repack on their first call.
@@ -102,7 +94,17 @@ class PackedLinear(nn.Linear):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), bias, "none", [], "")
 
 
-def _swap(model: nn.Module, wanted: type, make) -> int:
+def _sharing_parameters(cls: type[nn.Linear], linear: nn.Linear) -> nn.Linear:
+    """A `cls` layer holding `linear`'s own weight and bias (not copies), in the same train/eval mode."""
+    layer = cls.__new__(cls)
+    nn.Module.__init__(layer)
+    layer.in_features, layer.out_features = linear.in_features, linear.out_features
+    layer.weight, layer.bias = linear.weight, linear.bias
+    layer.train(linear.training)
+    return layer
+
+
+def _swap(model: nn.Module, wanted: Callable[[nn.Module], bool], make: Callable[[nn.Module], nn.Module]) -> int:
     count = 0
     for parent in model.modules():
         for name, child in list(parent.named_children()):

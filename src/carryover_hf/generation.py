@@ -123,14 +123,9 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             raise ValueError(f"draft_confidence_threshold must lie in [0, 1] or be None, got {self.confidence_threshold}.")
         if self.confidence_threshold is not None and float(self.confidence_threshold) == 0.0:
             self.confidence_threshold = None  # 0 never cuts a proposal: the same as off (and turns off a config default)
-        # 0 never skips: the same as off (and turns off a config default).
-        self.backoff = check_count_option(
-            "proposal_backoff",
-            _option(generation_config, "proposal_backoff", getattr(drafter.config, "proposal_backoff", None)),
-        )
-        self.lookup_drafts = check_count_option(
-            "lookup_drafts", _option(generation_config, "lookup_drafts", getattr(drafter.config, "lookup_drafts", None))
-        )
+        # 0 never skips / never looks up: the same as off (and turns off a config default).
+        self.backoff = _count_option(generation_config, drafter.config, "proposal_backoff")
+        self.lookup_drafts = _count_option(generation_config, drafter.config, "lookup_drafts")
         self.timing = bool(_option(generation_config, "carryover_timing", False))
         # Speculative sampling, Transformers' lossy ensemble mode and the confidence rule read the candidate logits;
         # plain greedy decoding does not.
@@ -423,6 +418,11 @@ def _option(generation_config: GenerationConfig, name: str, default: Any) -> Any
     """A per-call option (see `CARRYOVER_GENERATION_OPTIONS`) from the call's generation config, else `default`."""
     value = getattr(generation_config, name, None)
     return default if value is None else value
+
+
+def _count_option(generation_config: GenerationConfig, config: Any, name: str) -> int | None:
+    """A count option (`proposal_backoff`, `lookup_drafts`) of this call, else the drafter config's; checked."""
+    return check_count_option(name, _option(generation_config, name, getattr(config, name, None)))
 
 
 def check_empty_cache(cache: Any) -> None:

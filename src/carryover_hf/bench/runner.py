@@ -15,6 +15,7 @@ method alike.
 from __future__ import annotations
 
 import copy
+import itertools
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -415,15 +416,15 @@ def build_methods(
             except NativeDFlashUnavailable as error:
                 skipped.append({"name": f"{name}/dflash_native", "reason": str(error)})
         for kind, carry in (("carry_off", False), ("carry_on", True)):
-            if kind in settings.methods:
-                for threshold in [None, *settings.draft_confidence_thresholds]:
-                    for backoff in [None, *settings.proposal_backoffs]:
-                        for lookup in [None, *settings.lookup_drafts]:
-                            label = (f"{name}/{kind}" + (f"@{threshold:g}" if threshold else "")
-                                     + (f"+backoff{backoff}" if backoff else "") + (f"+lookup{lookup}" if lookup else ""))  # fmt: skip
-                            methods.append(
-                                Method(label, kind, name, drafter, carry, threshold and float(threshold), backoff, lookup)
-                            )
+            if kind not in settings.methods:
+                continue
+            variants = itertools.product(
+                [None, *settings.draft_confidence_thresholds], [None, *settings.proposal_backoffs], [None, *settings.lookup_drafts]
+            )
+            for threshold, backoff, lookup in variants:
+                label = (f"{name}/{kind}" + (f"@{threshold:g}" if threshold else "")
+                         + (f"+backoff{backoff}" if backoff else "") + (f"+lookup{lookup}" if lookup else ""))  # fmt: skip
+                methods.append(Method(label, kind, name, drafter, carry, threshold and float(threshold), backoff, lookup))
     return methods, skipped
 
 
