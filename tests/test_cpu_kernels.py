@@ -98,10 +98,36 @@ def test_pack_linears_swaps_float32_linears_and_keeps_parameters():
     assert pack_linears(tiny_target("llama", vocab_size=32, seed=1).to(torch.bfloat16)) == 0
 
 
+@pytest.mark.parametrize("draft_vocabulary", [None, [0, 1, 3, 5, 8, 13]])
+def test_draft_head_of_a_packed_target_runs_packed_and_gives_the_same_logits(monkeypatch, draft_vocabulary):
+    target = tiny_target("qwen3", vocab_size=16, seed=1)
+    drafter = tiny_drafter(target, block_size=4, seed=2)
+    if draft_vocabulary is not None:
+        drafter.set_draft_vocabulary(torch.tensor(draft_vocabulary))
+    reference = drafter.draft_head(target.get_output_embeddings())
+    assert reference.linear is None
+    pack_linears(target)
+    head = drafter.draft_head(target.get_output_embeddings())
+    assert isinstance(head.linear, PackedLinear) and head.linear.weight.data_ptr() == head.weight.data_ptr()
+    calls = []
+    original = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(a[0].shape) or original(*a))
+    states = torch.randn(1, 3, target.config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(head(states), reference(states), rtol=1e-5, atol=1e-5)
+        assert torch.equal(head.argmax(states), reference.argmax(states))
+        assert torch.equal(head(states[:, :1]), reference(states[:, :1]))  # one row: F.linear, bit for bit
+    assert calls == [(3, target.config.hidden_size)] * 2
+    assert head.size == (len(draft_vocabulary) if draft_vocabulary else 16)
+
+
 @pytest.mark.parametrize("kind", ["dflash", "markov"])
-def test_greedy_generation_with_packed_models_is_identical(kind):
+@pytest.mark.parametrize("reduced_vocabulary", [False, True])
+def test_greedy_generation_with_packed_models_is_identical(kind, reduced_vocabulary):
     target = skew_towards_token(tiny_target("qwen3", vocab_size=16, seed=1), 3, 0.1)
     drafter = tiny_drafter(target, block_size=4, drafter_type=kind, seed=2)
+    if reduced_vocabulary:
+        drafter.set_draft_vocabulary(torch.tensor([0, 1, 2, 3, 5, 7, 9, 11]))
     assert pack_linears(target) > 0 and pack_linears(drafter) > 0
     accepted = 0
     for i in range(8):

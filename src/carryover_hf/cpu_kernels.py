@@ -53,13 +53,23 @@ class PackedLinear(nn.Linear):
 
     @classmethod
     def wrap(cls, linear: nn.Linear) -> "PackedLinear":
-        packed = _sharing_parameters(cls, linear)
+        packed = _holding(cls, linear.weight, linear.bias, linear.training)
         packed._packed, packed._packed_key = None, None
         return packed
 
+    @classmethod
+    def over(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "PackedLinear":
+        """A packed layer computing `F.linear(x, weight, bias)` with these tensors (not copies; e.g. a drafter's
+        gathered draft-vocabulary rows of the target's LM head), packed now."""
+        layer = _holding(cls, weight, bias, training=False)
+        layer._packed, layer._packed_key = None, None
+        if packed_linears_available():
+            layer.packed_weight()
+        return layer
+
     def unwrap(self) -> nn.Linear:
         """A plain `nn.Linear` sharing this layer's parameters."""
-        return _sharing_parameters(nn.Linear, self)
+        return _holding(nn.Linear, self.weight, self.bias, self.training)
 
     def __getstate__(self) -> dict:
         # The opaque oneDNN tensor cannot be copied or pickled; copies repack on their first call.
@@ -94,13 +104,13 @@ class PackedLinear(nn.Linear):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), bias, "none", [], "")
 
 
-def _sharing_parameters(cls: type[nn.Linear], linear: nn.Linear) -> nn.Linear:
-    """A `cls` layer holding `linear`'s own weight and bias (not copies), in the same train/eval mode."""
+def _holding(cls: type[nn.Linear], weight: torch.Tensor, bias: torch.Tensor | None, training: bool) -> nn.Linear:
+    """A `cls` layer holding these weight and bias tensors themselves (not copies; parameters stay parameters)."""
     layer = cls.__new__(cls)
     nn.Module.__init__(layer)
-    layer.in_features, layer.out_features = linear.in_features, linear.out_features
-    layer.weight, layer.bias = linear.weight, linear.bias
-    layer.train(linear.training)
+    layer.out_features, layer.in_features = weight.shape
+    layer.weight, layer.bias = weight, bias
+    layer.train(training)
     return layer
 
 

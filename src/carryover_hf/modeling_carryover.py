@@ -34,6 +34,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from transformers.utils import ModelOutput
 
 from .configuration_carryover import CarryoverDrafterConfig
+from .cpu_kernels import PackedLinear
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -214,14 +215,24 @@ class DraftHead:
     Built once per pairing (`drafter.draft_head(target.get_output_embeddings())`): with a reduced vocabulary the
     head's rows are gathered once here, not on every call. Logits are float32 over the *draft* vocabulary;
     `token_ids` maps draft indices to target ids (`None`: the identity), `to_full` scatters draft logits into the
-    target vocabulary with `-inf` elsewhere.
+    target vocabulary with `-inf` elsewhere. `linear`, when given, computes the product instead of `F.linear`
+    (a `PackedLinear` over the same weight when the target's linears are packed: a proposal's few rows would
+    otherwise stream the head's weight several times).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, token_ids: torch.LongTensor | None, vocab_size: int):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        token_ids: torch.LongTensor | None,
+        vocab_size: int,
+        linear: nn.Module | None = None,
+    ):
         self.weight = weight  # (V_draft, d)
         self.bias = bias
         self.token_ids = token_ids  # (V_draft,) sorted target ids, or None for the full vocabulary
         self.vocab_size = vocab_size
+        self.linear = linear
 
     @property
     def size(self) -> int:
@@ -230,8 +241,11 @@ class DraftHead:
     def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """(..., d) -> (..., V_draft) float32. The product runs on a contiguous (rows, d) view: a broadcast `bmm`
         over a strided (anchors, rows, d) slice is several times slower on CPU."""
-        rows = hidden_states.reshape(-1, hidden_states.shape[-1]).to(self.weight.dtype)
-        logits = torch.nn.functional.linear(rows.contiguous(), self.weight, self.bias)
+        rows = hidden_states.reshape(-1, hidden_states.shape[-1]).to(self.weight.dtype).contiguous()
+        if self.linear is not None:
+            logits = self.linear(rows)
+        else:
+            logits = torch.nn.functional.linear(rows, self.weight, self.bias)
         return logits.float().view(*hidden_states.shape[:-1], -1)
 
     def argmax(self, hidden_states: torch.Tensor, max_chunk_elements: int = 1 << 24) -> torch.LongTensor:
@@ -387,16 +401,19 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
     def draft_head(self, lm_head: nn.Module) -> DraftHead:
         """The target's LM head restricted to the draft vocabulary; build it once per pairing and reuse it.
 
-        The head is the frozen target's: its weights are detached here, so no gradient reaches them.
+        The head is the frozen target's: its weights are detached here, so no gradient reaches them. If the
+        target's linears are packed (`cpu_kernels.pack_linears`), so is the head's product.
         """
         weight, bias = lm_head.weight.detach(), getattr(lm_head, "bias", None)
         bias = None if bias is None else bias.detach()
         ids = self.draft_token_ids
+        linear = lm_head if isinstance(lm_head, PackedLinear) else None
         if ids is not None:
             ids = ids.to(weight.device)
             weight = weight.index_select(0, ids)
             bias = None if bias is None else bias.index_select(0, ids)
-        return DraftHead(weight, bias, ids, self.config.vocab_size)
+            linear = None if linear is None else PackedLinear.over(weight, bias)
+        return DraftHead(weight, bias, ids, self.config.vocab_size, linear)
 
     def proposal_logits(
         self,
