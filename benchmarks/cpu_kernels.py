@@ -1,8 +1,9 @@
-"""What a target forward over k new tokens costs, with PyTorch's default float32 linears and with packed ones.
+"""What a target forward over k new tokens costs with PyTorch's defaults and with `carryover_hf.cpu_kernels`.
 
-One process, one model: the linears are swapped between `nn.Linear` (MKL) and `PackedLinear` (oneDNN, weights
-packed once; `carryover_hf.cpu_kernels`) and both are timed in one loop, alternating at every repeat, at each k on
-a fixed context. The cost of a speculative round's verification is the k = drafts + 1 column over the k = 1 column
+Three configurations of one model in one process: `default` (`nn.Linear` on MKL, Transformers' `sdpa`), `packed`
+(`PackedLinear`: oneDNN on weights packed once, same attention) and `cpu_kernels` (packed linears and
+`grouped_query_sdpa`, no key/value copies for grouped-query heads: what `--cpu_kernels on` does). They are timed in
+one loop, the order alternating every round, at each k on a fixed context. The cost of a speculative round's verification is the k = drafts + 1 column over the k = 1 column
 of the same kernel.
 
 It also measures row invariance: the largest logit difference between one forward over k tokens and k one-token
@@ -22,7 +23,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from carryover_hf.cpu_kernels import PackedLinear, pack_linears, packed_linears_available
+from carryover_hf.cpu_kernels import GROUPED_ATTENTION, PackedLinear, pack_linears, packed_linears_available
+
+KERNELS = ("default", "packed", "cpu_kernels")
 
 
 def _linear_slots(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear, PackedLinear]]:
@@ -35,9 +38,10 @@ def _linear_slots(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear, Pac
     return slots
 
 
-def _use(slots, kernel: str) -> None:
+def _use(model, slots, kernel: str) -> None:
     for parent, name, plain, packed in slots:
-        setattr(parent, name, packed if kernel == "packed" else plain)
+        setattr(parent, name, plain if kernel == "default" else packed)
+    model.set_attn_implementation(GROUPED_ATTENTION if kernel == "cpu_kernels" else "sdpa")
 
 
 def _crop(cache, context: int) -> None:
@@ -81,7 +85,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--context", type=int, default=300, help="tokens already in the cache")
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 8, 16])
-    parser.add_argument("--rounds", type=int, default=12, help="alternations of the two kernels")
+    parser.add_argument("--rounds", type=int, default=12, help="rounds over the three configurations (order alternating)")
     parser.add_argument("--repeats", type=int, default=3, help="timed forwards per kernel, k and round")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, required=True, help="folder for results.json and results.md")
@@ -97,19 +101,19 @@ def main() -> None:
     generator = torch.Generator().manual_seed(args.seed)
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (1, args.context + max(args.ks)), generator=generator)
-    kernels = ("default", "packed")
+    kernels = KERNELS
     times = {kernel: {k: [] for k in args.ks} for kernel in kernels}
     with torch.no_grad():
         cache = model(ids[:, : args.context], use_cache=True).past_key_values
         for round_ in range(args.rounds):
             for kernel in kernels if round_ % 2 == 0 else kernels[::-1]:
-                _use(slots, kernel)
+                _use(model, slots, kernel)
                 for k in args.ks:
                     tokens = ids[:, args.context : args.context + k]
                     times[kernel][k].append(_time_forward(model, cache, args.context, tokens, args.repeats))
     invariance = {}
     for kernel in kernels:
-        _use(slots, kernel)
+        _use(model, slots, kernel)
         invariance[kernel] = {k: _row_invariance(model, ids, args.context, k) for k in args.ks if k > 1}
     step = {kernel: statistics.median(times[kernel][1]) for kernel in kernels}
     table = {
@@ -138,7 +142,7 @@ def main() -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     lines = [
-        f"# Target forward over k new tokens: default vs packed float32 linears ({args.target})",
+        f"# Target forward over k new tokens: default kernels, packed linears, all CPU kernels ({args.target})",
         "",
         f"`{results['command']}`",
         "",
@@ -146,29 +150,31 @@ def main() -> None:
         f"median of {args.rounds} alternating rounds x {args.repeats} forwards. Ratios are over the 1-token step "
         "of the same kernel (own) and of the default kernel.",
         "",
-        "| k | default ms | default / own step | packed ms | packed / own step | packed / default step |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| k | default ms | default / own step | packed ms | packed / default step | cpu_kernels ms | "
+        "cpu_kernels / own step | cpu_kernels / default step |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for k in args.ks:
-        d, p = table["default"][k], table["packed"][k]
+        d, p, c = (table[kernel][k] for kernel in kernels)
         lines.append(
             f"| {k} | {d['median_ms']:.1f} | {d['over_own_1_token_step']:.2f} | {p['median_ms']:.1f} | "
-            f"{p['over_own_1_token_step']:.2f} | {p['over_default_1_token_step']:.2f} |"
+            f"{p['over_default_1_token_step']:.2f} | {c['median_ms']:.1f} | {c['over_own_1_token_step']:.2f} | "
+            f"{c['over_default_1_token_step']:.2f} |"
         )
     lines += [
         "",
         "Row invariance: one forward over k tokens against k one-token steps (same context).",
         "",
-        "| k | default: max logit diff | default: bitwise / argmax equal | packed: max logit diff | "
-        "packed: bitwise / argmax equal |",
-        "|---:|---:|---:|---:|---:|",
+        "| k | " + " | ".join(f"{kernel}: max logit diff | {kernel}: bitwise / argmax equal" for kernel in kernels) + " |",
+        "|---:|" + "---:|---:|" * len(kernels),
     ]
     for k in invariance["default"]:
-        d, p = invariance["default"][k], invariance["packed"][k]
-        lines.append(
-            f"| {k} | {d['max_abs_logit_difference']:.2e} | {d['bitwise_equal']} / {d['argmax_equal']} | "
-            f"{p['max_abs_logit_difference']:.2e} | {p['bitwise_equal']} / {p['argmax_equal']} |"
-        )
+        cells = [
+            f"{invariance[kernel][k]['max_abs_logit_difference']:.2e} | "
+            f"{invariance[kernel][k]['bitwise_equal']} / {invariance[kernel][k]['argmax_equal']}"
+            for kernel in kernels
+        ]
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
     (args.output / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -89,8 +89,9 @@ def test_cli_tiny_smoke_run_writes_a_report(tmp_path, suite):
     assert [m["name"] for m in report["methods"]] == ["target", "tiny/carry_off", "tiny/carry_on"]
     assert report["prompts"]["by_category"] == {"code": 2, "math": 2}
     assert report["run"]["command"].startswith("carryover-hf bench --target tiny")
-    assert report["run"]["packed_linears"] is True  # auto: float32 on CPU
-    assert " · packed linears · " in (out / "results.md").read_text()
+    kernels = report["run"]["cpu_kernels"]  # auto: float32 on CPU
+    assert kernels["packed_linears"] > 0 and kernels["grouped_attention"] is True
+    assert " · CPU kernels (packed linears, grouped-query attention) · " in (out / "results.md").read_text()
     assert (out / "results.md").is_file() and (out / "speedup_by_category.png").is_file()
 
 
@@ -103,6 +104,7 @@ def test_cli_tiny_smoke_run_writes_a_report(tmp_path, suite):
         (["--target", "tiny", "--drafter", "./no/such/drafter"], "does not exist"),
         (["--target", "tiny", "--packed_linears", "yes"], "'auto', 'on' or 'off'"),
         (["--target", "tiny", "--dtype", "bfloat16", "--packed_linears", "on"], "needs float32 on CPU"),
+        (["--target", "tiny", "--dtype", "bfloat16", "--cpu_kernels", "on"], "--cpu_kernels on needs float32 on CPU"),
     ],
 )
 def test_cli_rejects_bad_input(argv, message, capsys):

@@ -8,11 +8,14 @@ from torch import nn
 
 import carryover_hf  # noqa: F401  (installs the generation hook)
 from carryover_hf.cpu_kernels import (
+    GROUPED_ATTENTION,
     PackedLinear,
+    apply_cpu_kernels,
     pack_linears,
     packed_linears_available,
-    resolve_packed_linears,
+    resolve_cpu_kernels,
     unpack_linears,
+    use_grouped_attention,
 )
 from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
 
@@ -140,12 +143,81 @@ def test_greedy_generation_with_packed_models_is_identical(kind, reduced_vocabul
     assert accepted > 0  # some drafts were accepted, so verification forwards over several rows were compared
 
 
-def test_resolve_packed_linears():
-    assert resolve_packed_linears("auto", torch.float32, "cpu") is True
-    assert resolve_packed_linears("auto", torch.bfloat16, "cpu") is False
-    assert resolve_packed_linears("off", torch.float32, "cpu") is False
-    assert resolve_packed_linears("on", torch.float32, "cpu") is True
+def test_resolve_cpu_kernels():
+    assert resolve_cpu_kernels("auto", torch.float32, "cpu") is True
+    assert resolve_cpu_kernels("auto", torch.bfloat16, "cpu") is False
+    assert resolve_cpu_kernels("off", torch.float32, "cpu") is False
+    assert resolve_cpu_kernels("on", torch.float32, "cpu") is True
     with pytest.raises(ValueError, match="needs float32 on CPU"):
-        resolve_packed_linears("on", torch.bfloat16, "cpu")
+        resolve_cpu_kernels("on", torch.bfloat16, "cpu")
     with pytest.raises(ValueError, match="'auto', 'on' or 'off'"):
-        resolve_packed_linears("yes", torch.float32, "cpu")
+        resolve_cpu_kernels("yes", torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("architecture", ["qwen3", "llama", "mistral", "gemma"])
+def test_grouped_attention_gives_the_same_forward(architecture):
+    """Folding grouped query heads into rows: a one-row step is unchanged bit for bit (Transformers' own path), a
+    forward over a few rows on a cache agrees to float32 rounding (the attention kernel may block the longer row
+    dimension differently) and gives the same argmax."""
+    target = tiny_target(architecture, vocab_size=32, hidden_size=96, seed=1, num_attention_heads=6, num_key_value_heads=2, head_dim=16)
+    grouped = copy.deepcopy(target)
+    assert use_grouped_attention(grouped) and grouped.config._attn_implementation == GROUPED_ATTENTION
+    ids = torch.randint(0, 32, (1, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for rows in (1, 2, 3, 5, 8):
+            outputs = []
+            for model in (target, grouped):
+                cache = model(ids[:, :12], use_cache=True).past_key_values
+                outputs.append(model(ids[:, 12 : 12 + rows], past_key_values=cache, use_cache=True).logits)
+            if rows == 1:
+                assert torch.equal(outputs[0], outputs[1])
+            torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-6)
+            assert torch.equal(outputs[0].argmax(-1), outputs[1].argmax(-1)), rows
+
+
+def test_grouped_attention_folds_only_masked_multi_row_queries(monkeypatch):
+    import carryover_hf.cpu_kernels as kernels
+
+    target = tiny_target("qwen3", vocab_size=32, seed=1)
+    use_grouped_attention(target)
+    plain, folded = [], []
+    original_sdpa, original_torch = kernels.sdpa_attention_forward, kernels.F.scaled_dot_product_attention
+    monkeypatch.setattr(kernels, "sdpa_attention_forward", lambda m, q, *a, **k: plain.append(q.shape) or original_sdpa(m, q, *a, **k))
+    monkeypatch.setattr(kernels.F, "scaled_dot_product_attention", lambda q, *a, **k: folded.append(q.shape) or original_torch(q, *a, **k))
+    ids = torch.randint(0, 32, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        cache = target(ids[:, :6], use_cache=True).past_key_values
+        plain.clear(), folded.clear()
+        target(ids[:, 6:7], past_key_values=cache, use_cache=True)  # one row: Transformers' path
+        assert len(plain) == 4 and len(folded) == 4 and all(shape[2] == 1 for shape in plain)
+        plain.clear(), folded.clear()
+        target(ids[:, 7:9], past_key_values=cache, use_cache=True)  # two rows on a cache: folded, 2 groups x 2 rows
+        assert plain == [] and folded == [(1, 2, 4, 16)] * 4
+
+
+def test_use_grouped_attention_leaves_other_implementations_alone():
+    assert use_grouped_attention(tiny_target("llama", vocab_size=32, attn_implementation="eager")) is False
+    target = tiny_target("qwen3", vocab_size=32)
+    drafter = tiny_drafter(target)
+    switched = apply_cpu_kernels(target, drafter)
+    assert switched["grouped_attention"] and switched["packed_linears"] > 0
+    assert drafter.config._attn_implementation == "sdpa"  # a drafter's attention is its own
+    target.set_attn_implementation("sdpa")  # and back
+    assert target.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("kind", ["dflash", "markov"])
+def test_greedy_generation_with_all_cpu_kernels_is_identical(kind):
+    target = skew_towards_token(tiny_target("qwen3", vocab_size=16, seed=1), 3, 0.1)
+    reference_target = copy.deepcopy(target)
+    drafter = tiny_drafter(target, block_size=4, drafter_type=kind, seed=2)
+    apply_cpu_kernels(target, drafter)
+    accepted = 0
+    for i in range(6):
+        prompt = torch.randint(0, 16, (1, 2 + i), generator=torch.Generator().manual_seed(i))
+        kwargs = dict(max_new_tokens=24, do_sample=False, attention_mask=torch.ones_like(prompt))
+        reference = reference_target.generate(prompt, **kwargs)  # default linears and attention
+        output = target.generate(prompt, assistant_model=drafter, **kwargs)
+        assert torch.equal(output, reference), i
+        accepted += sum(a - 1 for a in drafter.last_generation_stats.acceptance_lengths)
+    assert accepted > 0

@@ -23,12 +23,13 @@ def test_demo_reports_identical_greedy_outputs_speedup_and_acceptance():
     assert all(row["new_tokens"] == 12 for row in summary["prompts"])
     assert summary["mean_acceptance_length"] > 1.0  # the skewed target accepts drafts
     assert summary["speedup"] > 0
-    assert summary["packed_linears"] is True  # auto: float32 on CPU
+    assert summary["cpu_kernels"] is True  # auto: float32 on CPU
+    assert target.config._attn_implementation == "carryover_grouped_sdpa"
     assert summary["lookup_drafts"] == 10 and summary["proposal_backoff"] == 8  # the defaults
     assert type(target.lm_head).__name__ == "PackedLinear"
     table = demo.format_summary(summary)
     assert "greedy outputs identical to the target alone: yes" in table and "tiny-2" in table
-    assert "lookup 10, backoff 8" in table
+    assert "CPU kernels on, lookup 10, backoff 8" in table
 
 
 def test_demo_rejects_bad_options_before_loading_anything(capsys):

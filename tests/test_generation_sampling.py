@@ -159,17 +159,19 @@ def test_sampling_keeps_target_distribution_with_lookup_drafts(target):
     assert_matches(samples, exact_distribution(target, SETTINGS["temperature"]))
 
 
-def test_sampling_keeps_target_distribution_with_packed_linears(target):
-    """Target and drafter on oneDNN packed linears (`carryover_hf.cpu_kernels`): the distribution is still exact."""
+def test_sampling_keeps_target_distribution_with_cpu_kernels(target):
+    """Target and drafter on the CPU kernels (`carryover_hf.cpu_kernels`: oneDNN packed linears, grouped-query
+    attention for the target): the distribution is still exact."""
     import copy
 
-    from carryover_hf.cpu_kernels import pack_linears, packed_linears_available
+    from carryover_hf.cpu_kernels import apply_cpu_kernels, packed_linears_available
 
     if not packed_linears_available():
         pytest.skip("this PyTorch build has no oneDNN")
     packed_target = copy.deepcopy(target)
     drafter = tiny_drafter(packed_target, block_size=4, seed=12)
-    assert pack_linears(packed_target) > 0 and pack_linears(drafter) > 0
+    switched = apply_cpu_kernels(packed_target, drafter)
+    assert switched["packed_linears"] > 0 and switched["grouped_attention"]
     samples, acceptance = sample_with_drafter(packed_target, drafter, SETTINGS["temperature"])
     assert acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
     assert_matches(samples, exact_distribution(packed_target, SETTINGS["temperature"]))

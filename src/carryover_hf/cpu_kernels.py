@@ -1,5 +1,9 @@
-"""Packed float32 linear layers for CPU inference: verifying k tokens at closer to the cost of one step.
+"""CPU kernels for inference: verifying k tokens at closer to the cost of one step.
 
+Two parts, switched together by the CLIs' `--cpu_kernels` (`apply_cpu_kernels`): packed float32 linears and a
+grouped-query attention that does not copy the key/value cache for a few query rows.
+
+**Packed linears.**
 A speculative round on CPU pays for one target forward over the k verified rows. With PyTorch's default float32
 linear (MKL), a matmul with 2-16 rows streams the weight matrix more than once, so on SmolLM2-135M at one thread a
 4-row forward costs about 1.75x a 1-row step, although both are bound by reading the same weights. oneDNN, with
@@ -13,6 +17,15 @@ weights stay tied; `state_dict`, `save_pretrained` and `.weight` are unchanged).
 it is rebuilt when the weight changes (optimizer step, `load_state_dict`, `.to()`), dropped by `copy.deepcopy` and
 pickling, and skipped, falling back to `F.linear`, for other dtypes or devices and whenever autograd needs the
 weight's gradient. It costs one more copy of the weights in memory.
+
+**Grouped-query attention over a few rows.** Transformers' `sdpa` attention runs a one-token step of a
+grouped-query model on the key/value heads directly, but for two or more query rows with a mask (a verification) it
+first copies every key and value head `num_key_value_groups` times (`repeat_kv`), the whole cache, in every layer.
+`grouped_query_sdpa` instead folds the query heads of each group into the row dimension, `(b, H, q, d) -> (b, H_kv,
+groups * q, d)`, repeats the small `(q, kv)` mask to match, and calls the same `scaled_dot_product_attention` on the
+uncopied cache: each query row meets the same keys, values and mask row, so the output is the same (bit for bit, in
+the tests and on SmolLM2-135M). Everything else (one row, no mask, dropout, per-head masks, position biases) goes
+to Transformers' own `sdpa` unchanged. `use_grouped_attention(model)` switches an `sdpa` model to it.
 """
 
 from __future__ import annotations
@@ -22,6 +35,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 
 # Row count the reorder is tuned for (measured here: 4 makes 2-8 rows cheapest; 1 makes them slower).
@@ -78,8 +94,6 @@ class PackedLinear(nn.Linear):
         return state
 
     def _usable(self, x: torch.Tensor) -> bool:
-        if x.dim() == 0 or x.numel() < MIN_PACKED_ROWS * x.shape[-1]:
-            return False
         weight = self.weight
         if x.dtype != torch.float32 or weight.dtype != torch.float32:
             return False
@@ -98,7 +112,8 @@ class PackedLinear(nn.Linear):
         return self._packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._usable(x):
+        # The one-row test comes first and alone: a decode step pays it 200 times per forward.
+        if x.numel() < MIN_PACKED_ROWS * self.in_features or not self._usable(x):
             return F.linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.detach()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), bias, "none", [], "")
@@ -154,18 +169,96 @@ def unpack_linears(model: nn.Module) -> int:
     return _swap(model, lambda module: isinstance(module, PackedLinear), PackedLinear.unwrap)
 
 
-def resolve_packed_linears(choice: str, dtype: torch.dtype, device: torch.device | str) -> bool:
-    """The CLIs' `--packed_linears auto|on|off`: `auto` packs float32 models on CPU when oneDNN is there."""
+# Name under which `grouped_query_sdpa` is registered with Transformers' attention and mask interfaces.
+GROUPED_ATTENTION = "carryover_grouped_sdpa"
+
+
+def grouped_query_sdpa(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Transformers' `sdpa` attention, with grouped-query heads folded into rows for a few masked query rows.
+
+    query (`(b, H, q, d)`), key / value (`(b, H_kv, kv, d)`), attention_mask (`(b, 1, q, kv)`): the signature of an
+    entry of `ALL_ATTENTION_FUNCTIONS`. Returns `((b, q, H, d), None)` as `sdpa_attention_forward` does.
+    """
+    groups = getattr(module, "num_key_value_groups", 1)
+    batch, heads, rows, dim = query.shape
+    plain = (
+        groups == 1
+        or rows == 1
+        or attention_mask is None
+        or attention_mask.dim() != 4
+        or attention_mask.shape[1] != 1
+        or dropout
+        or kwargs.get("position_bias") is not None
+        or kwargs.get("softcap") is not None
+        or kwargs.get("cache") is not None
+        or key.shape[1] * groups != heads
+    )
+    if plain:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    # Query head h = j * groups + r reads key/value head j: its rows go to row r * q + i of head j.
+    query = query.reshape(batch, heads // groups, groups * rows, dim)
+    mask = attention_mask.expand(batch, 1, rows, attention_mask.shape[-1]).repeat(1, 1, groups, 1)
+    output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+    return output.reshape(batch, heads, rows, dim).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(GROUPED_ATTENTION, grouped_query_sdpa)
+AttentionMaskInterface.register(GROUPED_ATTENTION, sdpa_mask)
+
+
+def use_grouped_attention(model: nn.Module) -> bool:
+    """Switch a model on Transformers' `sdpa` attention to `grouped_query_sdpa`; True if it was switched.
+
+    Models on other attention implementations (or without grouped-query heads' `set_attn_implementation`) are left
+    as they are. `model.set_attn_implementation("sdpa")` switches back.
+    """
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    model.set_attn_implementation(GROUPED_ATTENTION)
+    return True
+
+
+def apply_cpu_kernels(target: nn.Module, *drafters: nn.Module) -> dict:
+    """Everything `--cpu_kernels on` does: packed linears for the target and the drafters, grouped-query attention
+    for the target (a drafter's attention is its own). Returns what was switched, for reports."""
+    linears = pack_linears(target) + sum(pack_linears(drafter) for drafter in drafters)
+    return {"packed_linears": linears, "grouped_attention": use_grouped_attention(target)}
+
+
+def resolve_cpu_kernels(choice: str, dtype: torch.dtype, device: torch.device | str) -> bool:
+    """The CLIs' `--cpu_kernels auto|on|off`: `auto` applies them to float32 models on CPU when oneDNN is there."""
     if choice not in ("auto", "on", "off"):
-        raise ValueError(f"--packed_linears must be 'auto', 'on' or 'off', got {choice!r}")
+        raise ValueError(f"--cpu_kernels must be 'auto', 'on' or 'off', got {choice!r}")
     usable = torch.device(device).type == "cpu" and dtype == torch.float32
     if choice == "on":
         if not usable:
-            raise ValueError(f"--packed_linears on needs float32 on CPU (got {dtype} on {device}); use auto or off")
+            raise ValueError(f"--cpu_kernels on needs float32 on CPU (got {dtype} on {device}); use auto or off")
         if not packed_linears_available():
-            raise ValueError("--packed_linears on: this PyTorch build has no oneDNN packed linear; use auto or off")
+            raise ValueError("--cpu_kernels on: this PyTorch build has no oneDNN packed linear; use auto or off")
         return True
     return choice == "auto" and usable and packed_linears_available()
 
 
-__all__ = ["MIN_PACKED_ROWS", "PACK_ROWS", "PackedLinear", "pack_linears", "packed_linears_available", "resolve_packed_linears", "unpack_linears"]
+__all__ = [
+    "GROUPED_ATTENTION",
+    "MIN_PACKED_ROWS",
+    "PACK_ROWS",
+    "PackedLinear",
+    "apply_cpu_kernels",
+    "grouped_query_sdpa",
+    "pack_linears",
+    "packed_linears_available",
+    "resolve_cpu_kernels",
+    "unpack_linears",
+    "use_grouped_attention",
+]

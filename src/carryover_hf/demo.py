@@ -10,7 +10,7 @@ exactly as after a download (`AutoModel.from_pretrained("carryover-hf/smollm2-13
 runs with the target alone and with the drafter, back to back, after an untimed warm-up; the demo prints both times,
 the speedup and the mean acceptance length, and checks that greedy outputs are identical. The drafter runs as the
 library is meant to be used on CPU: context lookup in front of it (`--lookup_drafts 10`), the proposal backoff
-(`--proposal_backoff 8`) and packed float32 linears (`--packed_linears auto`); set them to 0 / off to see the
+(`--proposal_backoff 8`) and the CPU kernels (`--cpu_kernels auto`: packed float32 linears, grouped-query attention); set them to 0 / off to see the
 drafter alone.
 """
 
@@ -50,9 +50,10 @@ class DemoArguments:
     proposal_backoff: int = field(
         default=8, metadata={"help": "after a rejected first draft, skip proposing for 1, 2, 4, ... rounds (0 = off)"}
     )
-    packed_linears: str = field(
+    cpu_kernels: str = field(
         default="auto",
-        metadata={"help": "oneDNN packed float32 linears (carryover_hf.cpu_kernels) for both models: auto, on or off"},
+        metadata={"help": "CPU kernels (carryover_hf.cpu_kernels: packed float32 linears for both models, grouped-query "
+                  "attention for the target): auto, on or off", "aliases": ["--packed_linears"]},
     )
     seed: int = field(default=0, metadata={"help": "seed of prompt i is seed + i (sampling)"})
     output: str | None = field(default=None, metadata={"help": "also write the results as JSON here"})
@@ -93,10 +94,10 @@ def _check_args(args: DemoArguments) -> None:
     else:
         import torch
 
-        from .cpu_kernels import resolve_packed_linears
+        from .cpu_kernels import resolve_cpu_kernels
 
         try:
-            resolve_packed_linears(args.packed_linears, getattr(torch, args.dtype), "cpu")
+            resolve_cpu_kernels(args.cpu_kernels, getattr(torch, args.dtype), "cpu")
         except ValueError as error:
             problems.append(str(error))
     if problems:
@@ -109,7 +110,7 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
 
     from .bench.prompts import default_suite_dir, encode_prompt, load_prompts
     from .bench.runner import BenchmarkSettings, Method, check_greedy_output, run_method
-    from .cpu_kernels import pack_linears, resolve_packed_linears
+    from .cpu_kernels import apply_cpu_kernels, resolve_cpu_kernels
 
     _check_args(args)
     if args.threads:
@@ -125,10 +126,9 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
 
         source, options = resolve_drafter(args.drafter)
         drafter = load_drafter(source, target, **options)
-    packed = resolve_packed_linears(args.packed_linears, target.dtype, target.device)
-    if packed:
-        for model in (target, drafter):
-            pack_linears(model)
+    cpu_kernels = resolve_cpu_kernels(args.cpu_kernels, target.dtype, target.device)
+    if cpu_kernels:
+        apply_cpu_kernels(target, drafter)
     target.eval()
     drafter.eval()
     settings = BenchmarkSettings(max_new_tokens=args.max_new_tokens, warmup=0, overhead=False)
@@ -170,7 +170,7 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
         "drafter": args.drafter,
         "dtype": str(target.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
-        "packed_linears": packed,
+        "cpu_kernels": cpu_kernels,
         "lookup_drafts": args.lookup_drafts,
         "proposal_backoff": args.proposal_backoff,
         "temperature": args.temperature,
@@ -193,7 +193,7 @@ def format_summary(summary: dict) -> str:
     accept = summary["mean_acceptance_length"]
     lines.append(
         f"\n{summary['drafter']} on {summary['target']} ({summary['dtype']}, {summary['threads']} threads, "
-        f"{'packed' if summary.get('packed_linears') else 'default'} linears, "
+        f"CPU kernels {'on' if summary.get('cpu_kernels') else 'off'}, "
         f"lookup {summary.get('lookup_drafts') or 'off'}, backoff {summary.get('proposal_backoff') or 'off'}, "
         f"T={summary['temperature']}): speedup {summary['speedup']:.2f}x over the target alone, "
         f"mean acceptance length {accept:.2f}" if accept is not None else "no speculative rounds ran"

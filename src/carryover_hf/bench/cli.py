@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import HfArgumentParser
 
-from ..cpu_kernels import pack_linears, resolve_packed_linears
+from ..cpu_kernels import apply_cpu_kernels, resolve_cpu_kernels
 from .prompts import default_suite_dir, load_prompts, tiny_prompts
 from .runner import BenchmarkSettings, CorrectnessError, run_benchmark
 
@@ -56,10 +56,11 @@ class BenchArguments:
     progress: bool = field(default=True, metadata={"help": "Show progress bars."})
     tiny_block_size: int = field(default=4, metadata={"help": "Block size of 'tiny' drafters."})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)."})
-    packed_linears: str = field(
+    cpu_kernels: str = field(
         default="auto",
-        metadata={"help": "oneDNN packed float32 linears for target and drafters (carryover_hf.cpu_kernels): 'auto' "
-                  "(on for float32 on CPU), 'on' or 'off'. Every method runs on the same models."},
+        metadata={"help": "CPU kernels (carryover_hf.cpu_kernels): packed float32 linears for target and drafters, "
+                  "grouped-query attention without key/value copies for the target. 'auto' (on for float32 on CPU), "
+                  "'on' or 'off'. Every method runs on the same models.", "aliases": ["--packed_linears"]},
     )
 
 
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         dtype = DTYPES[args.dtype]
-        packed = resolve_packed_linears(args.packed_linears, dtype, device)
+        cpu_kernels = resolve_cpu_kernels(args.cpu_kernels, dtype, device)
         tiny = args.target == "tiny"
 
         # Prompts first: a bad file should fail before minutes of model loading.
@@ -160,9 +161,8 @@ def main(argv: list[str] | None = None) -> int:
 
             target, tokenizer = load_target(args.target, dtype=args.dtype, device=device)
         drafters = {name: _load_drafter(path, target, dtype, args.tiny_block_size, i) for i, (name, path) in enumerate(names)}
-        if packed:
-            for model in (target, *drafters.values()):
-                pack_linears(model)
+        if cpu_kernels:
+            cpu_kernels = apply_cpu_kernels(target, *drafters.values())
     except (ValueError, FileNotFoundError, RuntimeError) as error:
         print(f"carryover-hf bench: {error}", file=sys.stderr)
         return 2
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "categories": args.category or None,
         "split": args.split,
         "num_prompts_per_category": args.num_prompts,
-        "packed_linears": packed,
+        "cpu_kernels": cpu_kernels,
     }
     try:
         run_benchmark(

@@ -328,6 +328,18 @@ def _fmt(interval: Mapping | None, scale: float = 1.0, digits: int = 2, suffix: 
     return text
 
 
+def _cpu_kernels_note(run: Mapping[str, Any]) -> str:
+    """The header's note on `--cpu_kernels` (reports from before its rename record `packed_linears`)."""
+    kernels = run.get("cpu_kernels", run.get("packed_linears"))
+    if not kernels:
+        return ""
+    if not isinstance(kernels, Mapping):
+        return " · packed linears"
+    parts = ["packed linears"] if kernels.get("packed_linears") else []
+    parts += ["grouped-query attention"] if kernels.get("grouped_attention") else []
+    return f" · CPU kernels ({', '.join(parts)})" if parts else ""
+
+
 def to_markdown(report: Mapping[str, Any]) -> str:
     s = report["settings"]
     target = report["target"]["name_or_path"] or report["target"]["model_type"]
@@ -338,7 +350,7 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         f"{report['created']} · {report['prompts']['count']} prompts ({', '.join(f'{k} {v}' for k, v in report['prompts']['by_category'].items())}) · "
         f"max_new_tokens {s['max_new_tokens']} · {s['dtype']} on {report['environment']['device']}"
         + (f" ({report['environment']['gpu']})" if report["environment"].get("gpu") else "")
-        + (" · packed linears" if report["run"].get("packed_linears") else "")
+        + _cpu_kernels_note(report["run"])
         + f" · seed {s['seed']} · {confidence}% bootstrap intervals over prompts ({s['bootstrap_resamples']} resamples)",
         "",
         (
