@@ -1,9 +1,10 @@
 """What a target forward over k new tokens costs with PyTorch's defaults and with `carryover_hf.cpu_kernels`.
 
-Three configurations of one model in one process: `default` (`nn.Linear` on MKL, Transformers' `sdpa`), `packed`
-(`PackedLinear`: oneDNN on weights packed once, same attention) and `cpu_kernels` (packed linears and
-`grouped_query_sdpa`, no key/value copies for grouped-query heads: what `--cpu_kernels on` does). They are timed in
-one loop, the order alternating every round, at each k on a fixed context. The cost of a speculative round's verification is the k = drafts + 1 column over the k = 1 column
+Four configurations of one model in one process: `default` (`nn.Linear` on MKL, Transformers' `sdpa`), `onednn`
+(`PackedLinear` on oneDNN for every row count, same attention), `onednn_grouped` (the same with
+`grouped_query_sdpa`: no key/value copies for grouped-query heads) and `cpu_kernels` (what `--cpu_kernels on` does:
+the skinny kernel for 2-12 rows, oneDNN beyond, grouped attention). They are timed in one loop, the order
+alternating every round, at each k on a fixed context. The cost of a speculative round's verification is the k = drafts + 1 column over the k = 1 column
 of the same kernel.
 
 It also measures row invariance: the largest logit difference between one forward over k tokens and k one-token
@@ -23,9 +24,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from carryover_hf.cpu_kernels import GROUPED_ATTENTION, PackedLinear, pack_linears, packed_linears_available
+from carryover_hf.cpu_kernels import (
+    GROUPED_ATTENTION,
+    PackedLinear,
+    pack_linears,
+    packed_linears_available,
+    skinny_linear_available,
+    use_skinny_linear,
+)
 
-KERNELS = ("default", "packed", "cpu_kernels")
+KERNELS = ("default", "onednn", "onednn_grouped", "cpu_kernels")
 
 
 def _linear_slots(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear, PackedLinear]]:
@@ -41,7 +49,8 @@ def _linear_slots(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear, Pac
 def _use(model, slots, kernel: str) -> None:
     for parent, name, plain, packed in slots:
         setattr(parent, name, plain if kernel == "default" else packed)
-    model.set_attn_implementation(GROUPED_ATTENTION if kernel == "cpu_kernels" else "sdpa")
+    model.set_attn_implementation(GROUPED_ATTENTION if kernel in ("onednn_grouped", "cpu_kernels") else "sdpa")
+    use_skinny_linear(kernel == "cpu_kernels")
 
 
 def _crop(cache, context: int) -> None:
@@ -85,13 +94,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--context", type=int, default=300, help="tokens already in the cache")
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 8, 16])
-    parser.add_argument("--rounds", type=int, default=12, help="rounds over the three configurations (order alternating)")
+    parser.add_argument("--rounds", type=int, default=12, help="rounds over the configurations (order alternating)")
     parser.add_argument("--repeats", type=int, default=3, help="timed forwards per kernel, k and round")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, required=True, help="folder for results.json and results.md")
     args = parser.parse_args()
     if not packed_linears_available():
         raise SystemExit("this PyTorch build has no oneDNN packed linear")
+    if not skinny_linear_available():
+        raise SystemExit("the skinny kernel is unavailable here (see carryover_hf.cpu_kernels.skinny_linear_unavailable_reason())")
     torch.set_num_threads(args.threads)
     from carryover_hf.targets import load_target
 
@@ -108,6 +119,7 @@ def main() -> None:
         for round_ in range(args.rounds):
             for kernel in kernels if round_ % 2 == 0 else kernels[::-1]:
                 _use(model, slots, kernel)
+                _time_forward(model, cache, args.context, ids[:, args.context : args.context + 1], 1)  # untimed: settle
                 for k in args.ks:
                     tokens = ids[:, args.context : args.context + k]
                     times[kernel][k].append(_time_forward(model, cache, args.context, tokens, args.repeats))
@@ -142,7 +154,7 @@ def main() -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     lines = [
-        f"# Target forward over k new tokens: default kernels, packed linears, all CPU kernels ({args.target})",
+        f"# Target forward over k new tokens: default kernels and the CPU kernels, part by part ({args.target})",
         "",
         f"`{results['command']}`",
         "",
@@ -150,17 +162,15 @@ def main() -> None:
         f"median of {args.rounds} alternating rounds x {args.repeats} forwards. Ratios are over the 1-token step "
         "of the same kernel (own) and of the default kernel.",
         "",
-        "| k | default ms | default / own step | packed ms | packed / default step | cpu_kernels ms | "
-        "cpu_kernels / own step | cpu_kernels / default step |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| k | " + " | ".join(f"{kernel} ms (/ own step, / default step)" for kernel in kernels) + " |",
+        "|---:|" + "---:|" * len(kernels),
     ]
     for k in args.ks:
-        d, p, c = (table[kernel][k] for kernel in kernels)
-        lines.append(
-            f"| {k} | {d['median_ms']:.1f} | {d['over_own_1_token_step']:.2f} | {p['median_ms']:.1f} | "
-            f"{p['over_default_1_token_step']:.2f} | {c['median_ms']:.1f} | {c['over_own_1_token_step']:.2f} | "
-            f"{c['over_default_1_token_step']:.2f} |"
-        )
+        cells = [
+            f"{t['median_ms']:.1f} ({t['over_own_1_token_step']:.2f}, {t['over_default_1_token_step']:.2f})"
+            for t in (table[kernel][k] for kernel in kernels)
+        ]
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Row invariance: one forward over k tokens against k one-token steps (same context).",

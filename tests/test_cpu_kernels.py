@@ -14,13 +14,24 @@ from carryover_hf.cpu_kernels import (
     pack_linears,
     packed_linears_available,
     resolve_cpu_kernels,
+    skinny_linear,
+    skinny_linear_available,
     unpack_linears,
     use_grouped_attention,
+    use_skinny_linear,
 )
 from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
 
 
 pytestmark = pytest.mark.skipif(not packed_linears_available(), reason="this PyTorch build has no oneDNN")
+
+
+@pytest.fixture
+def onednn_only():
+    """Packed layers on oneDNN for every row count (the skinny kernel's routing has its own test)."""
+    previous = use_skinny_linear(False)
+    yield
+    use_skinny_linear(previous)
 
 
 def _linear(out_features=96, in_features=40, bias=True, seed=0):
@@ -38,7 +49,7 @@ def test_packed_linear_matches_linear(bias):
     assert packed.weight is linear.weight and packed.bias is linear.bias
 
 
-def test_one_row_runs_the_default_kernel_and_several_rows_the_packed_one(monkeypatch):
+def test_one_row_runs_the_default_kernel_and_several_rows_the_packed_one(monkeypatch, onednn_only):
     linear = _linear(out_features=1536, in_features=576)
     packed = PackedLinear.wrap(linear)
     calls = []
@@ -102,7 +113,7 @@ def test_pack_linears_swaps_float32_linears_and_keeps_parameters():
 
 
 @pytest.mark.parametrize("draft_vocabulary", [None, [0, 1, 3, 5, 8, 13]])
-def test_draft_head_of_a_packed_target_runs_packed_and_gives_the_same_logits(monkeypatch, draft_vocabulary):
+def test_draft_head_of_a_packed_target_runs_packed_and_gives_the_same_logits(monkeypatch, onednn_only, draft_vocabulary):
     target = tiny_target("qwen3", vocab_size=16, seed=1)
     drafter = tiny_drafter(target, block_size=4, seed=2)
     if draft_vocabulary is not None:
@@ -221,3 +232,58 @@ def test_greedy_generation_with_all_cpu_kernels_is_identical(kind):
         assert torch.equal(output, reference), i
         accepted += sum(a - 1 for a in drafter.last_generation_stats.acceptance_lengths)
     assert accepted > 0
+
+
+skinny = pytest.mark.skipif(not skinny_linear_available(), reason="no skinny kernel here (no C compiler or AVX2)")
+
+
+@skinny
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 12, 14, 15, 29])
+@pytest.mark.parametrize("width", [576, 13])  # a multiple of 8 lanes, and a scalar tail only
+def test_skinny_linear_matches_linear(rows, width):
+    generator = torch.Generator().manual_seed(rows)
+    x, weight, bias = (torch.randn(*shape, generator=generator) for shape in ((rows, width), (33, width), (33,)))
+    weight /= width**0.5  # outputs of order 1: float32 rounding of a 576-term sum is then about 1e-6
+    for b in (bias, None):
+        torch.testing.assert_close(skinny_linear(x, weight, b), torch.nn.functional.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="contiguous"):
+        skinny_linear(x, weight.t().contiguous().t())
+    with pytest.raises(ValueError, match="float32"):
+        skinny_linear(x.double(), weight)
+
+
+@skinny
+def test_packed_linear_sends_2_to_12_rows_at_one_thread_to_the_skinny_kernel(monkeypatch):
+    import carryover_hf.cpu_kernels as kernels
+
+    linear = _linear(out_features=64, in_features=40)
+    packed = PackedLinear.wrap(linear)
+    used = []
+    original_skinny, original_onednn = kernels.skinny_linear, torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(kernels, "skinny_linear", lambda x, *a: used.append(("skinny", x.shape[0])) or original_skinny(x, *a))
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *a: used.append(("onednn", x.shape[-2])) or original_onednn(x, *a))
+    threads = torch.get_num_threads()
+    try:
+        with torch.no_grad():
+            for rows, threads_now in [(1, 1), (2, 1), (12, 1), (13, 1), (4, 2)]:
+                torch.set_num_threads(threads_now)
+                x = torch.randn(1, rows, 40)
+                torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+            previous = use_skinny_linear(False)
+            packed(torch.randn(1, 3, 40))
+            use_skinny_linear(previous)
+    finally:
+        torch.set_num_threads(threads)
+    assert used == [("skinny", 2), ("skinny", 12), ("onednn", 13), ("onednn", 4), ("onednn", 3)]
+
+
+def test_skinny_kernel_build_failure_says_why(monkeypatch, tmp_path):
+    import carryover_hf.cpu_kernels as kernels
+
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    monkeypatch.setenv("CARRYOVER_HF_CACHE", str(tmp_path))
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("the build is not attempted without AVX2")
+    with pytest.raises(RuntimeError, match="building the skinny kernel failed"):
+        kernels._build_skinny()
+    assert list(tmp_path.iterdir()) == []  # nothing half-written is left behind

@@ -1,7 +1,8 @@
 """CPU kernels for inference: verifying k tokens at closer to the cost of one step.
 
-Two parts, switched together by the CLIs' `--cpu_kernels` (`apply_cpu_kernels`): packed float32 linears and a
-grouped-query attention that does not copy the key/value cache for a few query rows.
+Two parts, switched together by the CLIs' `--cpu_kernels` (`apply_cpu_kernels`): packed float32 linears (with a
+small C kernel for 2-12 rows) and a grouped-query attention that does not copy the key/value cache for a few query
+rows.
 
 **Packed linears.**
 A speculative round on CPU pays for one target forward over the k verified rows. With PyTorch's default float32
@@ -9,7 +10,11 @@ linear (MKL), a matmul with 2-16 rows streams the weight matrix more than once, 
 4-row forward costs about 1.75x a 1-row step, although both are bound by reading the same weights. oneDNN, with
 each weight reordered once into its blocked layout, streams it once for a few rows; for a single row MKL's
 matrix-vector kernel is the faster of the two. `PackedLinear` therefore runs one row through `F.linear` (a target's
-plain decode step is unchanged, bit for bit) and two or more rows through the packed weight.
+plain decode step is unchanged, bit for bit) and two or more rows through the packed weight; 2 to 12 rows at one
+intra-op thread go to the skinny kernel instead (`csrc/skinny_linear.c`: AVX2/FMA, each weight row read once, the
+few rows of x against it from L1), compiled with the system's C compiler on first use into
+`~/.cache/carryover_hf` (or `$CARRYOVER_HF_CACHE`) and called through ctypes; without a compiler or AVX2 it is
+skipped with a warning and oneDNN takes those rows.
 `benchmarks/cpu_kernels.py` measures both kernels on the machine at hand (`docs/cpu-kernels.md` has the figures).
 
 `pack_linears(model)` swaps each float32 CPU `nn.Linear` for a `PackedLinear` that shares its parameters (tied
@@ -30,20 +35,116 @@ to Transformers' own `sdpa` unchanged. `use_grouped_attention(model)` switches a
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
+from transformers.utils import logging
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+
+logger = logging.get_logger(__name__)
 
 # Row count the reorder is tuned for (measured here: 4 makes 2-8 rows cheapest; 1 makes them slower).
 PACK_ROWS = 4
 # Fewer rows than this go through F.linear: MKL's matrix-vector kernel beats the packed one on a single row.
 MIN_PACKED_ROWS = 2
+# Up to this many rows the skinny kernel (csrc/skinny_linear.c) runs instead of oneDNN, where it is available and
+# torch runs one intra-op thread (the kernel is single-threaded); measured here: faster from 2 to 11 rows.
+SKINNY_MAX_ROWS = 12
+_SKINNY_SOURCE = Path(__file__).parent / "csrc" / "skinny_linear.c"
+_SKINNY_FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC"]
+
+
+class _Skinny:
+    """The skinny kernel's shared library: built on first use into a cache folder, then loaded from there."""
+
+    library: ctypes.CDLL | None = None
+    reason: str | None = None  # why it is unavailable, once tried
+    tried = False
+    enabled = True
+
+
+def _build_skinny() -> ctypes.CDLL:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise RuntimeError(f"the skinny kernel is written for x86-64 (this is {platform.machine()})")
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        raise RuntimeError(f"the skinny kernel needs AVX2 and FMA (this CPU: {torch.backends.cpu.get_cpu_capability()})")
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc or gcc) to build the skinny kernel")
+    source = _SKINNY_SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join([compiler, *_SKINNY_FLAGS]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("CARRYOVER_HF_CACHE", Path.home() / ".cache" / "carryover_hf"))
+    path = cache / f"skinny_linear-{key}.so"
+    if not path.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as scratch:
+            built = Path(scratch) / path.name
+            result = subprocess.run(
+                [compiler, *_SKINNY_FLAGS, str(_SKINNY_SOURCE), "-o", str(built)], capture_output=True, text=True
+            )
+            if result.returncode != 0:
+                raise RuntimeError(f"building the skinny kernel failed: {result.stderr.strip()[-500:]}")
+            os.replace(built, path)  # atomic: concurrent processes see a whole library or none
+    library = ctypes.CDLL(str(path))
+    library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+    library.skinny_linear.restype = None
+    return library
+
+
+def skinny_linear_available() -> bool:
+    """Whether the skinny kernel can run here (built on the first call: about a second with a C compiler).
+
+    Unavailable without x86-64 AVX2/FMA or a C compiler; `skinny_linear_unavailable_reason()` says why, and packed
+    layers then use oneDNN for every row count."""
+    if not _Skinny.tried:
+        _Skinny.tried = True
+        try:
+            _Skinny.library = _build_skinny()
+        except (OSError, RuntimeError) as error:
+            _Skinny.reason = str(error)
+            logger.warning_once(f"carryover_hf.cpu_kernels: {error}; packed linears use oneDNN for every row count.")
+    return _Skinny.library is not None and _Skinny.enabled
+
+
+def skinny_linear_unavailable_reason() -> str | None:
+    skinny_linear_available()
+    return None if _Skinny.library is not None else _Skinny.reason
+
+
+def use_skinny_linear(enabled: bool) -> bool:
+    """Turn the skinny kernel on or off for every packed layer (benchmarks compare both); returns the last setting."""
+    previous, _Skinny.enabled = _Skinny.enabled, bool(enabled)
+    return previous
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for contiguous float32 CPU tensors, x `(M, K)`, on the skinny kernel."""
+    if not skinny_linear_available():
+        raise RuntimeError(f"the skinny kernel is unavailable: {_Skinny.reason or 'turned off'}")
+    rows, width = x.shape
+    if weight.shape[1] != width or x.dtype != torch.float32 or weight.dtype != torch.float32:
+        raise ValueError(f"skinny_linear: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype}")
+    if not (x.is_contiguous() and weight.is_contiguous() and (bias is None or bias.is_contiguous())):
+        raise ValueError("skinny_linear: contiguous tensors only")
+    out = torch.empty(rows, weight.shape[0], dtype=torch.float32)
+    _Skinny.library.skinny_linear(
+        x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+        rows, weight.shape[0], width,
+    )  # fmt: skip
+    return out
 
 
 def packed_linears_available() -> bool:
@@ -116,6 +217,15 @@ class PackedLinear(nn.Linear):
         if x.numel() < MIN_PACKED_ROWS * self.in_features or not self._usable(x):
             return F.linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.detach()
+        rows = x.numel() // self.in_features
+        if (
+            rows <= SKINNY_MAX_ROWS
+            and torch.get_num_threads() == 1
+            and self.weight.is_contiguous()
+            and skinny_linear_available()
+        ):
+            out = skinny_linear(x.reshape(rows, self.in_features).contiguous(), self.weight.detach(), bias)
+            return out.view(*x.shape[:-1], self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), bias, "none", [], "")
 
 
@@ -259,6 +369,11 @@ __all__ = [
     "pack_linears",
     "packed_linears_available",
     "resolve_cpu_kernels",
+    "SKINNY_MAX_ROWS",
+    "skinny_linear",
+    "skinny_linear_available",
+    "skinny_linear_unavailable_reason",
     "unpack_linears",
     "use_grouped_attention",
+    "use_skinny_linear",
 ]
