@@ -38,8 +38,8 @@ CARRYOVER_GENERATION_OPTIONS = {
     "draft_confidence_threshold": "end a proposal at the first row whose top drafter probability is below this "
     "(greedy: the drafted token's probability; default: drafter.config; None or 0 = off)",
     "proposal_backoff": "after a proposal whose first draft is rejected, skip proposing for 1, 2, 4, ... rounds (at "
-    "most this many in a row; plain target steps, no drafter forward) until a draft is accepted again; context "
-    "lookups keep their own streak the same way (default: drafter.config; None or 0 = off)",
+    "most this many in a row; plain target steps, no drafter forward) until a draft is accepted again (default: "
+    "drafter.config; None or 0 = off)",
     "lookup_drafts": "when the last 3 (else 2) tokens occurred earlier in the sequence, propose up to this many of the "
     "tokens that followed their latest occurrence instead of running the drafter (default: drafter.config; None or "
     "0 = off)",
@@ -64,7 +64,6 @@ class GenerationStats:
     stopped_by_confidence: int = 0  # proposals cut short by `draft_confidence_threshold`
     skipped_by_backoff: int = 0  # rounds with no proposal (plain target steps) under `proposal_backoff`
     lookup_proposals: int = 0  # rounds whose drafts came from a context lookup (`lookup_drafts`), not the drafter
-    lookups_skipped_by_backoff: int = 0  # rounds whose lookup was held back by its own `proposal_backoff` streak
     timed: bool = False
     prefill_time: float = 0.0
     drafting_time: float = 0.0
@@ -149,9 +148,8 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         self.num_context = 0  # position of the next context row = position of the next anchor
         self.num_cached = 0  # context rows the drafter has seen (fewer while the backoff skips proposals)
         self.uncached: list[torch.Tensor] = []  # verified rows since then, given to the next proposal
-        # `proposal_backoff`: one streak for the drafter, one for context lookups.
-        self.drafter_backoff = ProposalBackoff(self.backoff)
-        self.lookup_backoff = ProposalBackoff(self.backoff)
+        self.failures = 0  # proposals in a row whose first draft was rejected
+        self.skip_rounds = 0  # rounds left to skip under the backoff
         self.last_num_drafts = 0  # drafts of the last drafter proposal (0 after a plain step or a lookup)
         self.last_from_lookup = False  # whether the round just verified proposed a context lookup
         self.started = False  # whether the prefill's states have reached the drafter
@@ -214,11 +212,6 @@ class CarryoverCandidateGenerator(CandidateGenerator):
 
         room = self.max_length - input_ids.shape[1] - 1  # drafts that fit before the length budget's last token
         num_drafts = min(self.config.block_size - 1, room)
-        # `proposal_backoff`: the round just verified updates the streak of whichever source proposed it.
-        if self.last_from_lookup:
-            self.lookup_backoff.verified(first_accepted=n_last_matches > 0)
-        elif self.last_num_drafts > 0:
-            self.drafter_backoff.verified(first_accepted=n_last_matches > 0)
         self.last_from_lookup = False
         if num_drafts <= 0:
             # The next target step fills the length budget and generation ends there: no proposal is needed.
@@ -227,10 +220,8 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         if self.lookup_drafts is not None:
             drafts = lookup_continuation(input_ids[0], min(self.lookup_drafts, room))
             if drafts is not None:
-                if not self.lookup_backoff.skipping():
-                    return self._lookup_proposal(input_ids, drafts)
-                self.stats.lookups_skipped_by_backoff += 1
-        if self.drafter_backoff.skipping():
+                return self._lookup_proposal(input_ids, drafts)
+        if self._backing_off(n_last_matches):
             return self._plain_step(input_ids, skipped=True)
 
         # 4. Draft one block [anchor, MASK x (B-1)] at positions anchor_pos + j.
@@ -279,7 +270,7 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         rows wait for the next drafter proposal, as after a plain step). Under sampling the drafts come with one-hot
         distributions (q = 1 at the draft): speculative sampling then accepts draft j with the target's probability
         of it and otherwise samples from the target's distribution without it, which is the target's distribution."""
-        self.last_num_drafts = 0  # a lookup updates its own backoff streak, not the drafter's
+        self.last_num_drafts = 0  # the backoff counts the drafter's failures, not the lookup's
         self.last_from_lookup = True
         self.stats.lookup_proposals += 1
         self.stats.draft_lengths.append(drafts.numel())
@@ -291,6 +282,21 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             candidate_logits.scatter_(-1, drafts.view(1, -1, 1), 0.0)
         self.stats.drafting_time += self._lap()
         return candidate_ids, candidate_logits
+
+    def _backing_off(self, n_last_matches: int) -> bool:
+        """`proposal_backoff`: after a proposal whose first draft the target rejected, the next 1, 2, 4, ...
+        rounds (at most `proposal_backoff`) are plain target steps with no drafter forward; an accepted draft resets
+        it. Lossless: which rounds propose depends only on tokens already verified, and a plain step is the target's
+        own step (its distribution at T > 0)."""
+        if self.backoff is None:
+            return False
+        if self.last_num_drafts > 0:  # the round just verified had a proposal: update the streak
+            self.failures = self.failures + 1 if n_last_matches == 0 else 0
+            self.skip_rounds = min(2 ** (self.failures - 1), self.backoff) if self.failures else 0
+        if self.skip_rounds > 0:
+            self.skip_rounds -= 1
+            return True
+        return False
 
     def _pick_while_confident(
         self, input_ids: torch.LongTensor, block_states: torch.Tensor
@@ -362,31 +368,6 @@ class CarryoverCandidateGenerator(CandidateGenerator):
 
 # n-gram sizes a context lookup tries, longest first.
 LOOKUP_NGRAM_SIZES = (3, 2)
-
-
-@dataclass
-class ProposalBackoff:
-    """`proposal_backoff` for one source of proposals (the drafter, or context lookups): after a proposal whose first
-    draft the target rejected, the next 1, 2, 4, ... rounds (at most `limit`) skip this source; an accepted first
-    draft resets it. A lookup's rounds are those where it would fire (a held-back lookup leaves the round to the
-    drafter); the drafter's are the rounds no lookup took. Lossless: which rounds skip depends only on tokens already verified, and a skipped drafter
-    proposal is a plain target step (its distribution at T > 0)."""
-
-    limit: int | None  # None: never skip
-    failures: int = 0  # proposals in a row whose first draft was rejected
-    skip_rounds: int = 0  # rounds left to skip
-
-    def verified(self, first_accepted: bool) -> None:
-        """A proposal of this source was just verified."""
-        self.failures = 0 if first_accepted else self.failures + 1
-        self.skip_rounds = min(2 ** (self.failures - 1), self.limit) if self.failures and self.limit else 0
-
-    def skipping(self) -> bool:
-        """Whether this round skips the source (counts the round down)."""
-        if self.skip_rounds > 0:
-            self.skip_rounds -= 1
-            return True
-        return False
 
 
 def lookup_continuation(sequence: torch.LongTensor, max_tokens: int) -> torch.LongTensor | None:
