@@ -10,8 +10,8 @@ exactly as after a download (`AutoModel.from_pretrained("carryover-hf/smollm2-13
 runs with the target alone and with the drafter, back to back, after an untimed warm-up; the demo prints both times,
 the speedup and the mean acceptance length, and checks that greedy outputs are identical. The drafter runs as the
 library is meant to be used on CPU: context lookup in front of it (`--lookup_drafts 10`), the proposal backoff
-(`--proposal_backoff 8`) and the CPU kernels (`--cpu_kernels auto`: packed float32 linears, grouped-query attention); set them to 0 / off to see the
-drafter alone.
+(`--proposal_backoff 8`) and the CPU kernels (`--cpu_kernels auto`: packed float32 linears, grouped-query
+attention); set them to 0 / off to see the drafter alone.
 """
 
 from __future__ import annotations
