@@ -4,8 +4,8 @@ Four configurations of one model in one process: `default` (`nn.Linear` on MKL, 
 (`PackedLinear` on oneDNN for every row count, same attention), `onednn_grouped` (the same with
 `grouped_query_sdpa`: no key/value copies for grouped-query heads) and `cpu_kernels` (what `--cpu_kernels on` does:
 the skinny kernel for 2-12 rows, oneDNN beyond, grouped attention). They are timed in one loop, the order
-alternating every round, at each k on a fixed context. The cost of a speculative round's verification is the k = drafts + 1 column over the k = 1 column
-of the same kernel.
+alternating every round, at each k on a fixed context. The cost of a speculative round's verification is the
+k = drafts + 1 column over the k = 1 column of the same configuration.
 
 It also measures row invariance: the largest logit difference between one forward over k tokens and k one-token
 steps on the same context, and whether their argmaxes agree (greedy verification compares exactly these).
@@ -30,6 +30,7 @@ from carryover_hf.cpu_kernels import (
     pack_linears,
     packed_linears_available,
     skinny_linear_available,
+    skinny_linear_unavailable_reason,
     use_skinny_linear,
 )
 
@@ -102,7 +103,7 @@ def main() -> None:
     if not packed_linears_available():
         raise SystemExit("this PyTorch build has no oneDNN packed linear")
     if not skinny_linear_available():
-        raise SystemExit("the skinny kernel is unavailable here (see carryover_hf.cpu_kernels.skinny_linear_unavailable_reason())")
+        raise SystemExit(f"the skinny kernel is unavailable here: {skinny_linear_unavailable_reason()}")
     torch.set_num_threads(args.threads)
     from carryover_hf.targets import load_target
 
