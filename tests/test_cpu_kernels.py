@@ -259,8 +259,8 @@ def test_packed_linear_sends_2_to_12_rows_at_one_thread_to_the_skinny_kernel(mon
     linear = _linear(out_features=64, in_features=40)
     packed = PackedLinear.wrap(linear)
     used = []
-    original_skinny, original_onednn = kernels.skinny_linear, torch.ops.mkldnn._linear_pointwise
-    monkeypatch.setattr(kernels, "skinny_linear", lambda x, *a: used.append(("skinny", x.shape[0])) or original_skinny(x, *a))
+    original_skinny, original_onednn = kernels._skinny_product, torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(kernels, "_skinny_product", lambda x, *a: used.append(("skinny", x.shape[0])) or original_skinny(x, *a))
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *a: used.append(("onednn", x.shape[-2])) or original_onednn(x, *a))
     threads = torch.get_num_threads()
     try:

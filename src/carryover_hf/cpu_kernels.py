@@ -143,10 +143,15 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         )
     if not (x.is_contiguous() and weight.is_contiguous() and (bias is None or bias.is_contiguous())):
         raise ValueError("skinny_linear: contiguous tensors only")
-    out = torch.empty(rows, weight.shape[0], dtype=torch.float32)
+    return _skinny_product(x, weight, bias)
+
+
+def _skinny_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The kernel call itself, for callers that have checked what `skinny_linear` checks (`PackedLinear.forward`)."""
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
     _Skinny.library.skinny_linear(
         x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
-        rows, weight.shape[0], width,
+        x.shape[0], weight.shape[0], x.shape[1],
     )  # fmt: skip
     return out
 
@@ -167,23 +172,19 @@ class PackedLinear(nn.Linear):
     Made with `PackedLinear.wrap(linear)`; shares `linear.weight` and `linear.bias`.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None) -> None:
-        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self._packed: torch.Tensor | None = None
-        self._packed_key: tuple | None = None  # (data_ptr, version) of the weight the pack was made from
+    # Not packed yet (class defaults, so every way of making a layer starts from them; `packed_weight` sets both).
+    _packed: torch.Tensor | None = None
+    _packed_key: tuple | None = None  # (data_ptr, version) of the weight the pack was made from
 
     @classmethod
     def wrap(cls, linear: nn.Linear) -> "PackedLinear":
-        packed = _holding(cls, linear.weight, linear.bias, linear.training)
-        packed._packed, packed._packed_key = None, None
-        return packed
+        return _holding(cls, linear.weight, linear.bias, linear.training)
 
     @classmethod
     def over(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "PackedLinear":
         """A packed layer computing `F.linear(x, weight, bias)` with these tensors (not copies; e.g. a drafter's
         gathered draft-vocabulary rows of the target's LM head), packed now."""
         layer = _holding(cls, weight, bias, training=False)
-        layer._packed, layer._packed_key = None, None
         if packed_linears_available():
             layer.packed_weight()
         return layer
@@ -226,10 +227,11 @@ class PackedLinear(nn.Linear):
             rows <= SKINNY_MAX_ROWS
             and torch.get_num_threads() == 1
             and self.weight.is_contiguous()
+            and (bias is None or bias.is_contiguous())
             and skinny_linear_available()
-        ):
-            out = skinny_linear(x.reshape(rows, self.in_features).contiguous(), self.weight.detach(), bias)
-            return out.view(*x.shape[:-1], self.out_features)
+        ):  # `_usable` has checked float32 on CPU: what `skinny_linear` would check again
+            flat = x.reshape(rows, self.in_features).contiguous()
+            return _skinny_product(flat, self.weight.detach(), bias).view(*x.shape[:-1], self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), bias, "none", [], "")
 
 

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         dtype = DTYPES[args.dtype]
-        cpu_kernels = resolve_cpu_kernels(args.cpu_kernels, dtype, device)
+        use_cpu_kernels = resolve_cpu_kernels(args.cpu_kernels, dtype, device)
         tiny = args.target == "tiny"
 
         # Prompts first: a bad file should fail before minutes of model loading.
@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
 
             target, tokenizer = load_target(args.target, dtype=args.dtype, device=device)
         drafters = {name: _load_drafter(path, target, dtype, args.tiny_block_size, i) for i, (name, path) in enumerate(names)}
-        if cpu_kernels:
-            cpu_kernels = apply_cpu_kernels(target, *drafters.values())
+        # What was switched (for the report), or False.
+        cpu_kernels = apply_cpu_kernels(target, *drafters.values()) if use_cpu_kernels else False
     except (ValueError, FileNotFoundError, RuntimeError) as error:
         print(f"carryover-hf bench: {error}", file=sys.stderr)
         return 2
