@@ -94,6 +94,15 @@ def test_cli_tiny_smoke_run_writes_a_report(tmp_path, suite):
     assert " · CPU kernels (packed linears, grouped-query attention) · " in (out / "results.md").read_text()
     assert (out / "results.md").is_file() and (out / "speedup_by_category.png").is_file()
 
+    # The journaled run is not measured over by accident; the same command resumes it (nothing left to measure).
+    again = ["--target", "tiny", "--drafter", "tiny", "--prompts", str(suite), "--split", "test", "--num-prompts", "2",
+             "--temperatures", "0", "--max-new-tokens", "6", "--methods", "target", "carry_off", "carry_on",
+             "--no-overhead", "--warmup", "0", "--no-progress", "--output-dir", str(out)]  # fmt: skip
+    assert main(again) == 2
+    assert main(again + ["--resume"]) == 0
+    resumed = json.loads((out / "results.json").read_text())
+    assert resumed["progress"]["complete"] and resumed["runs"] == report["runs"]
+
 
 @pytest.mark.parametrize(
     "argv, message",
@@ -105,6 +114,9 @@ def test_cli_tiny_smoke_run_writes_a_report(tmp_path, suite):
         (["--target", "tiny", "--packed_linears", "yes"], "'auto', 'on' or 'off'"),
         (["--target", "tiny", "--dtype", "bfloat16", "--packed_linears", "on"], "needs float32 on CPU"),
         (["--target", "tiny", "--dtype", "bfloat16", "--cpu_kernels", "on"], "--cpu_kernels on needs float32 on CPU"),
+        (["--target", "tiny", "--resume"], "--resume needs the --output_dir"),
+        (["--target", "tiny", "--output_dir", "x", "--resume", "--overwrite"], "exclude each other"),
+        (["--target", "tiny", "--stop_after_minutes", "0"], "--stop_after_minutes must be positive"),
     ],
 )
 def test_cli_rejects_bad_input(argv, message, capsys):

@@ -68,6 +68,29 @@ def test_train_command_saves_and_resumes(assets, tmp_path):
     assert (lora_out / "adapter" / "adapter_model.safetensors").is_file()
 
 
+def test_a_dflash_checkpoint_continues_as_a_markov_drafter(assets, tmp_path):
+    base = tmp_path / "dflash"
+    args = _common(assets, base) + ["--objective", "dflash", "--max_steps", "1", "--save_strategy", "no"]
+    assert carryover_main(["train", *args]) == 0
+    dflash = AutoModel.from_pretrained(base)
+    markov_out = tmp_path / "markov"
+    args = _common(assets, markov_out) + [
+        "--drafter", str(base), "--drafter_type", "markov", "--objective", "dflash", "--max_steps", "1",
+        "--save_strategy", "no", "--learning_rate", "0",
+    ]  # fmt: skip
+    assert carryover_main(["train", *args]) == 0
+    markov = AutoModel.from_pretrained(markov_out)
+    assert markov.config.drafter_type == "markov" and markov.markov_head is not None
+    assert not markov.markov_head.proj.weight.any()  # W2 = 0: the first proposals are the checkpoint's own
+    weights = markov.state_dict()
+    for name, value in dflash.state_dict().items():  # the backbone as trained (learning rate 0)
+        torch.testing.assert_close(weights[name], value)
+    # A Markov checkpoint is not silently turned back into a dflash one.
+    with pytest.raises(ValueError, match="Markov drafter; --drafter_type dflash would drop"):
+        carryover_main(["train", *_common(assets, tmp_path / "back"), "--drafter", str(markov_out),
+                        "--drafter_type", "dflash"])  # fmt: skip
+
+
 def test_train_command_rejects_bad_data_before_loading_models(assets, tmp_path):
     with pytest.raises(ValueError, match="neither"):
         carryover_main(["train", *_common(assets, tmp_path), "--dataset", str(tmp_path / "missing.txt")])

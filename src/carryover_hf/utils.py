@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 
 import torch
@@ -26,4 +28,24 @@ def pad_token_id(config, fallback: int | None = 0) -> int | None:
     return eos if isinstance(eos, int) else fallback
 
 
-__all__ = ["device_synchronizer", "pad_token_id"]
+
+def model_fingerprint(model) -> str:
+    """A checksum of a model (a target or a drafter): its config and a strided sample of every weight.
+
+    Cheap (a few thousand values per tensor), and it changes with any retraining, quantisation or dtype change.
+    """
+    digest = hashlib.sha256()
+    config = model.config.to_diff_dict()
+    for key in ("_name_or_path", "transformers_version", "_attn_implementation_autoset", "dtype", "torch_dtype"):
+        config.pop(key, None)
+    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1)
+        step = max(1, flat.numel() // 4096)
+        sample = flat[::step].to(torch.float64).cpu().numpy()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:".encode())
+        digest.update(sample.tobytes())
+    return digest.hexdigest()[:16]
+
+
+__all__ = ["device_synchronizer", "model_fingerprint", "pad_token_id"]

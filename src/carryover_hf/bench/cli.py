@@ -13,6 +13,7 @@ import torch
 from transformers import HfArgumentParser
 
 from ..cpu_kernels import apply_cpu_kernels, resolve_cpu_kernels
+from .journal import JournalError, RunJournal
 from .prompts import default_suite_dir, load_prompts, tiny_prompts
 from .runner import BenchmarkSettings, CorrectnessError, run_benchmark
 
@@ -50,7 +51,22 @@ class BenchArguments:
     dtype: str = field(default="float32", metadata={"help": f"Target and drafter dtype: {list(DTYPES)}."})
     device: str = field(default="auto", metadata={"help": "'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:1', ..."})
     output_dir: str | None = field(
-        default=None, metadata={"help": "Report folder (default benchmarks/results/<target>-<time>)."}
+        default=None,
+        metadata={"help": "Report folder (default benchmarks/results/<target>-<time>); every finished prompt is "
+                  "journaled there (runs.jsonl) as it is measured."},
+    )
+    resume: bool = field(
+        default=False,
+        metadata={"help": "Continue the run journaled in --output_dir (the same command on the same models): prompts "
+                  "measured there are kept, the rest are measured."},
+    )
+    overwrite: bool = field(
+        default=False, metadata={"help": "Measure from scratch even if --output_dir holds a run journal."}
+    )
+    stop_after_minutes: float | None = field(
+        default=None,
+        metadata={"help": "Start no prompt after this many minutes; the report covers what was measured and says so "
+                  "(continue later with --resume). Default: run to the end."},
     )
     chat_template: bool = field(default=True, metadata={"help": "Wrap text prompts in the tokenizer's chat template."})
     progress: bool = field(default=True, metadata={"help": "Show progress bars."})
@@ -124,6 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--dtype must be one of {list(DTYPES)}, got {args.dtype!r}")
     try:
         settings.validate()
+        if args.resume and args.overwrite:
+            raise ValueError("--resume and --overwrite exclude each other")
+        if args.resume and args.output_dir is None:
+            raise ValueError("--resume needs the --output_dir of the run to continue")
+        if args.stop_after_minutes is not None and args.stop_after_minutes <= 0:
+            raise ValueError(f"--stop_after_minutes must be positive, got {args.stop_after_minutes}")
+        if args.output_dir is not None:
+            RunJournal.check_can_open(args.output_dir, args.resume, args.overwrite)  # before minutes of loading
         device = _device(args.device)
         if args.threads:
             torch.set_num_threads(args.threads)
@@ -181,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_kernels": cpu_kernels,
     }
     try:
-        run_benchmark(
+        report = run_benchmark(
             target,
             drafters,
             prompts,
@@ -191,10 +215,23 @@ def main(argv: list[str] | None = None) -> int:
             progress=args.progress,
             chat_template=args.chat_template,
             run_info=run_info,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            time_limit=None if args.stop_after_minutes is None else 60 * args.stop_after_minutes,
         )
     except CorrectnessError as error:
         print(f"carryover-hf bench: {error}", file=sys.stderr)
         return 1
+    except JournalError as error:
+        print(f"carryover-hf bench: {error}", file=sys.stderr)
+        return 2
+    progress = report["progress"]
+    if not progress["complete"]:
+        print(
+            f"Stopped after {args.stop_after_minutes:g} minutes: {progress['prompt_groups']} of "
+            f"{progress['prompt_groups_total']} prompt groups measured. Continue with the same command plus --resume "
+            f"(and --output_dir {output_dir})."
+        )
     print(f"Report written to {output_dir}/results.md (all numbers in results.json)")
     return 0
 

@@ -226,7 +226,10 @@ def _parameters(model: torch.nn.Module) -> int:
 
 # -- the report ----------------------------------------------------------------------------------------------------
 def _select(index: Mapping, prompts: Sequence, method: str, group: str) -> list:
-    """The runs of `method` on the prompts of `group`, in prompt order (the same order for every method: paired)."""
+    """The runs of `method` on the prompts of `group`, in prompt order (the same order for every method: paired).
+
+    `prompts` are those measured at the temperature of `index`: every method ran on each (a prompt group is
+    journaled whole), so the selections of two methods stay paired in a partial run too."""
     return [index[(method, p.id)] for p in prompts if group in (OVERALL, p.category)]
 
 
@@ -242,7 +245,10 @@ def build_report(
     drafters: Mapping[str, Any],
     overhead: Mapping[str, Any],
     run_info: Mapping[str, Any],
+    progress: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The report dict (see the module docstring). `progress` says how much of the run was measured (a run stopped
+    by its time limit covers only some prompts at some temperatures; every summary is over the prompts measured)."""
     bootstrap = {"n_resamples": settings.bootstrap_resamples, "confidence": settings.confidence, "seed": settings.seed}
     correctness = _correctness(runs, tie_tolerance)
     failed = {f["method"] for f in correctness["failures"]}
@@ -253,7 +259,8 @@ def build_report(
     results = []
     for temperature in settings.temperatures:
         index = {(r.method, r.prompt_id): r for r in runs if r.temperature == float(temperature)}
-        select = functools.partial(_select, index, prompts)
+        measured = [p for p in prompts if ("target", p.id) in index]
+        select = functools.partial(_select, index, measured)
 
         summary = {
             m.name: {
@@ -272,13 +279,16 @@ def build_report(
             {"a": a, "b": b, **{g: compare(select(a, g), select(b, g), a not in failed and b not in failed, **bootstrap) for g in groups}}
             for a, b in comparisons
         ]
-        results.append({"temperature": float(temperature), "summary": summary, "comparisons": pairs})
+        results.append(
+            {"temperature": float(temperature), "prompts": len(measured), "summary": summary, "comparisons": pairs}
+        )
 
     text = target.config.get_text_config()
     return {
         "schema": SCHEMA,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "run": dict(run_info),
+        "progress": dict(progress or {"complete": True}),
         "settings": {**asdict(settings), "tie_tolerance_used": tie_tolerance, "dtype": str(target.dtype).removeprefix("torch.")},
         "environment": environment(target.device),
         "target": {
@@ -358,6 +368,21 @@ def to_markdown(report: Mapping[str, Any]) -> str:
             "mean of prompt means). Speedup: decode throughput over the target alone on the same prompts."
         ),
     ]
+    progress = report.get("progress") or {"complete": True}
+    if not progress["complete"]:
+        lines += [
+            "",
+            f"**Partial run**: {progress['prompt_groups']} of {progress['prompt_groups_total']} prompt groups (a "
+            "prompt at a temperature, every method) measured so far; every figure is over the prompts measured. "
+            "Rerun the same command with `--resume` to measure the rest.",
+        ]
+    if len(progress.get("segments") or []) > 1:
+        lines += [
+            "",
+            f"Measured in {len(progress['segments'])} invocations (`--resume`), starting "
+            + ", ".join(seg["started"] for seg in progress["segments"])
+            + "; the methods of a prompt always ran back to back in one.",
+        ]
     multi_turn = report["prompts"].get("multi_turn_first_turn_only")
     if multi_turn:
         lines += ["", f"{multi_turn} multi-turn prompts were benchmarked on their first turn only."]
@@ -365,6 +390,8 @@ def to_markdown(report: Mapping[str, Any]) -> str:
     for block in report["results"]:
         t = block["temperature"]
         lines += ["", f"## Temperature {t:g}", ""]
+        if block.get("prompts", report["prompts"]["count"]) != report["prompts"]["count"]:
+            lines += [f"{block['prompts']} of {report['prompts']['count']} prompts measured.", ""]
         lines += [
             "| method | tau micro | tau per prompt | decode tok/s | speedup | draft ms/round | verify ms/round | greedy agreement |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -492,7 +519,8 @@ def plot_acceptance_by_position(report: Mapping[str, Any], path: str | Path) -> 
         ax.set_ylabel("acceptance rate (given proposed)")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # nothing to label in a partial run without drafted rounds yet
+            ax.legend(fontsize=7)
     fig.suptitle("Acceptance by draft position")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -15,6 +15,7 @@ method alike.
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import time
 import types
@@ -31,7 +32,8 @@ from transformers.generation.streamers import BaseStreamer
 from ..compatibility import check_compatibility
 from ..hub.native import NativeDFlashUnavailable, to_native_dflash
 from ..modeling_carryover import CarryoverDrafterModel
-from ..utils import device_synchronizer, pad_token_id
+from ..utils import device_synchronizer, model_fingerprint, pad_token_id
+from .journal import RunJournal
 from .prompts import Prompt, encode_prompt
 
 GLOBAL_METHODS = ("target", "prompt_lookup")
@@ -470,10 +472,16 @@ def run_benchmark(
     chat_template: bool = True,
     native_dflash: Callable[[CarryoverDrafterModel], PreTrainedModel] | None = to_native_dflash,
     run_info: Mapping[str, Any] | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    time_limit: float | None = None,
 ) -> dict[str, Any]:
     """Benchmark `drafters` (name -> drafter) against the target alone and its peers; returns the report dict.
 
-    With `output_dir`, writes `results.json`, `results.md` and the plots there (see `carryover_hf.bench.report`).
+    With `output_dir`, writes `results.json`, `results.md` and the plots there (see `carryover_hf.bench.report`),
+    and journals every finished prompt group in `runs.jsonl` (`carryover_hf.bench.journal`): with `resume` a run of
+    the same benchmark continues where it stopped, with `overwrite` it starts again. With `time_limit` (seconds) no
+    prompt group starts after that long; the report then covers the groups measured so far and says so.
     A greedy output that fails the correctness gate has its speed withheld from the report; with
     `settings.fail_on_mismatch` a `CorrectnessError` is raised after the report is written.
     """
@@ -517,54 +525,47 @@ def run_benchmark(
     target.eval()
     for drafter in drafters.values():
         drafter.eval()
+    journal = None
+    if output_dir is not None:
+        measures = _measures(target, drafters, methods, prompts, encoded, settings, tolerance, run_info)
+        journal = RunJournal.open(output_dir, measures, resume=resume, overwrite=overwrite)
+    finished: dict[tuple[float, str], dict[str, Any]] = dict(journal.groups) if journal else {}
+    pending = [
+        (float(temperature), index)
+        for temperature in settings.temperatures
+        for index in _interleaved_by_category(prompts)
+        if (float(temperature), prompts[index].id) not in finished
+    ]
+    started = time.perf_counter()
 
-    # Warm-up: kernels, allocator and caches settle before anything is timed.
-    first = encoded[prompts[0].id]
-    for _ in range(settings.warmup):
-        for method in methods:
-            run_method(target, method, first, 0.0, settings, settings.seed, max_new_tokens=min(16, settings.max_new_tokens))
-
-    runs: list[PromptRun] = []
-    recorded_sequences: list[torch.LongTensor] = []  # target-alone greedy texts, reused as overhead contexts
-    total = len(settings.temperatures) * len(prompts) * len(methods)
-    bar = tqdm(total=total, desc="bench", unit="gen", disable=not progress)
-    for temperature in settings.temperatures:
-        for index, prompt in enumerate(prompts):
-            ids = encoded[prompt.id]
-            start = index % len(methods)
-            outputs: dict[str, torch.LongTensor] = {}
-            for method in methods[start:] + methods[:start]:
-                bar.set_postfix_str(f"T={temperature:g} {method.name}")
-                new_tokens, measured = run_method(target, method, ids, temperature, settings, settings.seed + index)
-                outputs[method.name] = new_tokens
-                runs.append(
-                    PromptRun(
-                        prompt_id=prompt.id,
-                        category=prompt.category,
-                        method=method.name,
-                        temperature=float(temperature),
-                        prompt_tokens=int(ids.shape[1]),
-                        new_tokens=int(new_tokens.numel()),
-                        **measured,
-                    )
-                )
-                bar.update(1)
-            if temperature == 0:
-                recorded_sequences.append(torch.cat([ids[0], outputs["target"]]))
-                by_method = {r.method: r for r in runs[-len(methods) :]}
-                for method in methods:
-                    if method.speculative:
-                        by_method[method.name].check = check_greedy_output(
-                            target, ids, outputs["target"], outputs[method.name], tolerance
-                        )
+    if pending:
+        # Warm-up: kernels, allocator and caches settle before anything is timed.
+        first = encoded[prompts[0].id]
+        for _ in range(settings.warmup):
+            for method in methods:
+                run_method(target, method, first, 0.0, settings, settings.seed, max_new_tokens=min(16, settings.max_new_tokens))
+    bar = tqdm(total=len(pending) * len(methods), desc="bench", unit="gen", disable=not progress)
+    for temperature, index in pending:
+        if time_limit is not None and time.perf_counter() - started > time_limit:
+            break
+        group = _run_prompt_group(target, methods, prompts[index], index, encoded, temperature, settings, tolerance, bar)
+        if journal is not None:
+            journal.record(group, command=(run_info or {}).get("command"))
+        finished[(temperature, prompts[index].id)] = group
     bar.close()
 
+    complete = len(finished) == len(settings.temperatures) * len(prompts)
     overhead = {}
-    if settings.overhead:
-        overhead = _measure_overheads(target, drafters, prompts, encoded, recorded_sequences, settings, progress)
+    if settings.overhead and complete:
+        recorded = [
+            torch.cat([encoded[p.id][0], torch.tensor(finished[(0.0, p.id)]["target_tokens"], dtype=torch.long)])
+            for p in prompts
+            if (0.0, p.id) in finished
+        ]
+        overhead = _measure_overheads(target, drafters, prompts, encoded, recorded, settings, progress)
 
     report = build_report(
-        runs=runs,
+        runs=[PromptRun(**r) for group in finished.values() for r in group["runs"]],
         methods=methods,
         skipped=skipped,
         comparisons=comparisons,
@@ -575,6 +576,12 @@ def run_benchmark(
         drafters=drafters,
         overhead=overhead,
         run_info=dict(run_info or {}),
+        progress={
+            "complete": complete,
+            "prompt_groups": len(finished),
+            "prompt_groups_total": len(settings.temperatures) * len(prompts),
+            "segments": journal.segments if journal else [],
+        },
     )
     if output_dir is not None:
         write_report(report, output_dir)
@@ -585,6 +592,78 @@ def run_benchmark(
             f"First: {failures[0]}" + (f". Report written to {output_dir}" if output_dir else "")
         )
     return report
+
+
+def _interleaved_by_category(prompts: Sequence[Prompt]) -> list[int]:
+    """Prompt positions in the order they are measured: the first of each category, then the second of each, ...
+
+    A run stopped part way (`time_limit`) has then measured every category about equally far."""
+    by_category: dict[str, list[int]] = {}
+    for index, prompt in enumerate(prompts):
+        by_category.setdefault(prompt.category, []).append(index)
+    rounds = itertools.zip_longest(*by_category.values())
+    return [index for round_ in rounds for index in round_ if index is not None]
+
+
+def _run_prompt_group(target, methods, prompt, index, encoded, temperature, settings, tolerance, bar) -> dict[str, Any]:
+    """Every method on one prompt at one temperature, back to back (starting at a different method for each prompt),
+    with the greedy gate at temperature 0. Returns the journal's group record."""
+    ids = encoded[prompt.id]
+    start = index % len(methods)
+    outputs: dict[str, torch.LongTensor] = {}
+    runs: dict[str, PromptRun] = {}
+    for method in methods[start:] + methods[:start]:
+        bar.set_postfix_str(f"T={temperature:g} {method.name}")
+        new_tokens, measured = run_method(target, method, ids, temperature, settings, settings.seed + index)
+        outputs[method.name] = new_tokens
+        runs[method.name] = PromptRun(
+            prompt_id=prompt.id,
+            category=prompt.category,
+            method=method.name,
+            temperature=float(temperature),
+            prompt_tokens=int(ids.shape[1]),
+            new_tokens=int(new_tokens.numel()),
+            **measured,
+        )
+        bar.update(1)
+    if temperature == 0:
+        for method in methods:
+            if method.speculative:
+                runs[method.name].check = check_greedy_output(
+                    target, ids, outputs["target"], outputs[method.name], tolerance
+                )
+    return {
+        "temperature": float(temperature),
+        "prompt_id": prompt.id,
+        "index": index,
+        "runs": [runs[m.name].to_dict() for m in methods],
+        # The target's greedy answer: the carry overhead measurement's context (also after a resume).
+        "target_tokens": outputs["target"].tolist() if temperature == 0 else None,
+    }
+
+
+# Settings that change only how results are summarised, not what is measured: a resumed run may change them.
+REPORT_ONLY_SETTINGS = (
+    "warmup", "bootstrap_resamples", "confidence", "compare", "overhead", "overhead_context_lengths",
+    "overhead_repeats", "fail_on_mismatch",
+)  # fmt: skip
+
+
+def _measures(target, drafters, methods, prompts, encoded, settings, tolerance, run_info) -> dict[str, Any]:
+    """What a benchmark measures, for its journal's fingerprint: a resumed run must measure the same thing."""
+    tokens = hashlib.sha256()
+    for prompt in prompts:
+        tokens.update(prompt.id.encode() + b"\0" + encoded[prompt.id].numpy().tobytes())
+    return {
+        "settings": {k: v for k, v in asdict(settings).items() if k not in REPORT_ONLY_SETTINGS},
+        "tie_tolerance": tolerance,
+        "methods": [m.describe() for m in methods],
+        "prompts": {"ids": [p.id for p in prompts], "tokens": tokens.hexdigest()[:16]},
+        "target": {"weights": model_fingerprint(target), "dtype": str(target.dtype), "device": target.device.type},
+        "drafters": {name: model_fingerprint(d) for name, d in drafters.items()},
+        "threads": torch.get_num_threads(),
+        "cpu_kernels": (run_info or {}).get("cpu_kernels"),
+    }
 
 
 def _measure_overheads(target, drafters, prompts, encoded, recorded, settings, progress) -> dict[str, Any]:

@@ -50,8 +50,14 @@ class ModelArguments:
             "choices": ["float32", "bfloat16", "float16", "auto"],
         },
     )
-    drafter_type: str = field(
-        default="dflash", metadata={"help": "New drafter kind.", "choices": ["dflash", "markov"]}
+    drafter_type: str | None = field(
+        default=None,
+        metadata={
+            "help": "Drafter kind: dflash (the default of a new drafter) or markov. With --drafter: markov turns a dflash "
+            "checkpoint into a Markov drafter (the backbone as trained, a new transition head whose W2 starts at zero, "
+            "so training starts from the checkpoint's own proposals); omitted, the checkpoint keeps its kind.",
+            "choices": ["dflash", "markov"],
+        },
     )
     drafter_layers: int = field(
         default=1, metadata={"help": "Layers of a new drafter (the public DFlash drafters: 5)."}
@@ -202,18 +208,26 @@ def _build_drafter(model_args: ModelArguments, target, default_layer_ids: list[i
     if model_args.drafter:
         from ..targets import resolve_dtype
 
+        kind = _checkpoint_kind(model_args)
+        extra = {"drafter_type": "markov"} if kind == "dflash" and model_args.drafter_type == "markov" else {}
         drafter = CarryoverDrafterModel.from_pretrained(
             model_args.drafter,
             attn_implementation=model_args.drafter_attn_implementation,
             dtype=resolve_dtype(model_args.drafter_dtype),
+            **extra,
         )
+        if extra:
+            logger.warning(
+                f"{model_args.drafter} is a dflash drafter: training it as a Markov drafter with a new transition head "
+                f"(rank {drafter.config.markov_rank}, W2 = 0: the first proposals are the checkpoint's own)."
+            )
     else:
         overrides = {} if model_args.mask_token_id is None else {"mask_token_id": model_args.mask_token_id}
         config = CarryoverDrafterConfig.from_target_config(
             target.config,
             num_hidden_layers=model_args.drafter_layers,
             block_size=model_args.block_size,
-            drafter_type=model_args.drafter_type,
+            drafter_type=model_args.drafter_type or "dflash",
             target_layer_ids=model_args.target_layer_ids or default_layer_ids,
             **overrides,
         )
@@ -237,6 +251,19 @@ def _build_drafter(model_args: ModelArguments, target, default_layer_ids: list[i
     return drafter
 
 
+def _checkpoint_kind(model_args: ModelArguments) -> str:
+    """The kind of the --drafter checkpoint, checked against --drafter_type (a cheap check: the config alone)."""
+    from ..configuration_carryover import CarryoverDrafterConfig
+
+    kind = CarryoverDrafterConfig.from_pretrained(model_args.drafter).drafter_type
+    if kind == "markov" and model_args.drafter_type == "dflash":
+        raise ValueError(
+            f"--drafter {model_args.drafter} is a Markov drafter; --drafter_type dflash would drop its trained "
+            "transition head. Omit --drafter_type to continue it as it is."
+        )
+    return kind
+
+
 def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, CarryoverTrainingArguments]:
     parser = HfArgumentParser((ModelArguments, DataArguments, CarryoverTrainingArguments), prog="carryover-hf train")
     if len(argv) == 1 and argv[0].endswith(".json"):
@@ -255,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if model_args.drafter and (model_args.draft_vocab_size or model_args.init_target_layer is not None):
         raise ValueError("--draft_vocab_size and --init_target_layer apply to new drafters; drop them with --drafter.")
+    if model_args.drafter:
+        _checkpoint_kind(model_args)
     store = FeatureStore(data_args.features) if data_args.features else None
     source = data_args.features or data_args.dataset
     train_rows = store if store is not None else load_rows(data_args.dataset, "dataset")

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..utils import model_fingerprint
 from .data import token_rows
 
 MANIFEST = "features.json"
@@ -53,23 +54,7 @@ class FeatureStoreError(ValueError):
 
 
 # -- fingerprints -------------------------------------------------------------------------------------------------
-def target_fingerprint(target) -> str:
-    """A checksum of the target: its name, its config and a strided sample of every weight.
-
-    Cheap (a few thousand values per tensor), and it changes with any retraining, quantisation or dtype change.
-    """
-    digest = hashlib.sha256()
-    config = target.config.to_diff_dict()
-    for key in ("_name_or_path", "transformers_version", "_attn_implementation_autoset", "dtype", "torch_dtype"):
-        config.pop(key, None)
-    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
-    for name, tensor in sorted(target.state_dict().items()):
-        flat = tensor.detach().reshape(-1)
-        step = max(1, flat.numel() // 4096)
-        sample = flat[::step].to(torch.float64).cpu().numpy()
-        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:".encode())
-        digest.update(sample.tobytes())
-    return digest.hexdigest()[:16]
+target_fingerprint = model_fingerprint  # the target a store was made from
 
 
 def dataset_fingerprint(rows) -> str:

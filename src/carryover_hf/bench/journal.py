@@ -1,0 +1,142 @@
+"""The run journal of a benchmark: every finished prompt group on disk, so that a long run survives its session.
+
+A *prompt group* is one prompt at one temperature with every method run on it back to back (the unit the report
+pairs). `run_benchmark` appends each group to `<output_dir>/runs.jsonl` as soon as it is done, after a header line
+that fingerprints what is being measured (settings, methods, prompt tokens, target and drafter weights, threads,
+CPU kernels). Rerunning the same command with `--resume` skips the groups already there and measures the rest; a
+journal of a different benchmark is refused with the fields that differ, so runs of two setups never mix.
+
+Lines:
+
+* `{"journal": SCHEMA, "fingerprint": ..., "measures": {...}}`: the header, once;
+* `{"segment": k, "started": ..., "command": ...}`: each invocation that measured (a run spread over sessions has
+  several; methods of a group always run within one, so paired ratios never cross machines' moods);
+* `{"group": {...}}`: a finished prompt group (its `PromptRun`s and, at temperature 0, the target's tokens).
+
+A line cut off by a killed process is dropped on reading (it is the group that was being written; it is measured
+again), anything else that does not parse is an error.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "carryover-hf-bench-journal/1"
+FILE_NAME = "runs.jsonl"
+
+
+class JournalError(ValueError):
+    """A journal that belongs to another benchmark, or is damaged."""
+
+
+def fingerprint_of(measures: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(measures, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class RunJournal:
+    """`<output_dir>/runs.jsonl`: open it with `RunJournal.open(...)`, then `record(group)` after each group."""
+
+    def __init__(self, path: Path, measures: Mapping[str, Any], groups: dict, segments: list[dict]):
+        self.path = path
+        self.measures = dict(measures)
+        self.groups = groups  # (temperature, prompt_id) -> group dict, the finished ones
+        self.segments = segments
+        self._segment_started = False
+
+    @staticmethod
+    def check_can_open(output_dir: str | os.PathLike, resume: bool = False, overwrite: bool = False) -> None:
+        """The cheap part of `open`'s checks, for before models are loaded."""
+        path = Path(output_dir) / FILE_NAME
+        if path.is_file() and not (resume or overwrite):
+            raise JournalError(
+                f"{path} already holds a benchmark run; pass --resume to continue it (same command) or "
+                "--overwrite to measure again from scratch, or choose another --output_dir."
+            )
+        if path.exists() and not path.is_file():
+            raise JournalError(f"{path} is not a file; choose another --output_dir.")
+
+    @classmethod
+    def open(
+        cls, output_dir: str | os.PathLike, measures: Mapping[str, Any], resume: bool = False, overwrite: bool = False
+    ) -> "RunJournal":
+        """The journal of `output_dir` for a benchmark that `measures` describes.
+
+        A journal already there is continued with `resume` (if it measures the same thing), replaced with `overwrite`
+        and otherwise refused, so that finished measurements are never thrown away by accident.
+        """
+        cls.check_can_open(output_dir, resume, overwrite)
+        path = Path(output_dir) / FILE_NAME
+        measures = json.loads(json.dumps(dict(measures), default=str))  # the form it takes on disk
+        if path.is_file() and resume:
+            return cls._read(path, measures)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = {"journal": SCHEMA, "created": _now(), "fingerprint": fingerprint_of(measures), "measures": measures}
+        path.write_text(json.dumps(header) + "\n")
+        return cls(path, measures, {}, [])
+
+    @classmethod
+    def _read(cls, path: Path, measures: Mapping[str, Any]) -> "RunJournal":
+        lines = path.read_text().split("\n")
+        complete, tail = lines[:-1], lines[-1]  # a whole line ends in a newline; the tail is a cut-off write
+        try:
+            header = json.loads(complete[0])
+            assert header.get("journal") == SCHEMA
+        except (IndexError, ValueError, AssertionError):
+            raise JournalError(f"{path} is not a benchmark journal ({SCHEMA}); use another --output_dir.") from None
+        if header["fingerprint"] != fingerprint_of(measures):
+            theirs = header["measures"]
+            differ = sorted(k for k in set(theirs) | set(measures) if theirs.get(k) != measures.get(k))
+            raise JournalError(
+                f"{path} measures another benchmark (different {', '.join(differ)}); --resume continues only the "
+                "same command on the same models. Use another --output_dir, or --overwrite to start again."
+            )
+        groups, segments = {}, []
+        for number, line in enumerate(complete[1:], start=2):
+            if not line:
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                raise JournalError(f"{path}, line {number}, does not parse; the journal is damaged.") from None
+            if "group" in entry:
+                group = entry["group"]
+                groups[(float(group["temperature"]), group["prompt_id"])] = group
+            elif "segment" in entry:
+                segments.append(entry)
+        if tail:
+            # The process was killed while writing a group: that group is measured again.
+            with open(path, "r+") as handle:
+                handle.truncate(sum(len(line) + 1 for line in complete))
+        return cls(path, header["measures"], groups, segments)
+
+    def done(self, temperature: float, prompt_id: str) -> dict | None:
+        return self.groups.get((float(temperature), prompt_id))
+
+    def record(self, group: Mapping[str, Any], command: str | None = None) -> None:
+        """Append a finished prompt group (and, before the first one of this invocation, a segment line)."""
+        entries = []
+        if not self._segment_started:
+            segment = {"segment": len(self.segments) + 1, "started": _now(), "command": command}
+            self.segments.append(segment)
+            entries.append(segment)
+            self._segment_started = True
+        group = {**group, "finished": _now(), "segment": len(self.segments)}
+        entries.append({"group": group})
+        with open(self.path, "a") as handle:
+            handle.write("".join(json.dumps(e) + "\n" for e in entries))
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.groups[(float(group["temperature"]), group["prompt_id"])] = group
+
+
+__all__ = ["FILE_NAME", "JournalError", "RunJournal", "fingerprint_of"]

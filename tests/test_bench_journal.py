@@ -1,0 +1,132 @@
+"""A benchmark that survives its session: the run journal, `resume`, partial reports and the fingerprint check."""
+
+import json
+
+import pytest
+import torch
+
+from carryover_hf.bench import BenchmarkSettings, run_benchmark, tiny_prompts
+from carryover_hf.bench import runner as runner_module
+from carryover_hf.bench.journal import FILE_NAME, JournalError
+from carryover_hf.bench.prompts import Prompt
+from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+
+VOCAB = 32
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = skew_towards_token(tiny_target("qwen3", vocab_size=VOCAB, seed=3), 5, 1.0)
+    return target, {"d": tiny_drafter(target, block_size=4, seed=0)}
+
+
+def _settings(**overrides):
+    base = dict(temperatures=[0.0, 1.0], max_new_tokens=10, methods=["target", "prompt_lookup", "carry_on"],
+                bootstrap_resamples=200, overhead_context_lengths=[8], overhead_repeats=2, warmup=0)  # fmt: skip
+    return BenchmarkSettings(**{**base, **overrides})
+
+
+def _bench(models, out, **kwargs):
+    target, drafters = models
+    settings = kwargs.pop("settings", None) or _settings()
+    return run_benchmark(target, kwargs.pop("drafters", drafters), tiny_prompts(4, vocab_size=VOCAB),
+                         settings=settings, output_dir=str(out), progress=False, **kwargs)  # fmt: skip
+
+
+def _measured(report):
+    """What a run measured apart from times: (temperature, method, prompt) -> tokens, rounds, drafts, gate."""
+    return {
+        (r["temperature"], r["method"], r["prompt_id"]): (r["new_tokens"], r["acceptance_lengths"], r["draft_lengths"],
+                                                          None if r["check"] is None else r["check"]["identical"])
+        for r in report["runs"]
+    }  # fmt: skip
+
+
+class _Killed(Exception):
+    pass
+
+
+def _kill_after(monkeypatch, calls):
+    """Make the benchmark process 'die' at its `calls`-th generation (the middle of a prompt group)."""
+    original, count = runner_module.run_method, [0]
+
+    def dying(*args, **kwargs):
+        count[0] += 1
+        if count[0] == calls:
+            raise _Killed
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "run_method", dying)
+
+
+def test_an_interrupted_run_resumes_to_what_one_run_measures(models, tmp_path, monkeypatch):
+    whole = _bench(models, tmp_path / "whole")
+    assert whole["progress"]["complete"] and whole["progress"]["prompt_groups"] == 8
+
+    out = tmp_path / "resumed"
+    _kill_after(monkeypatch, 3 * 3 + 2)  # 3 methods a group: dies inside the fourth group
+    with pytest.raises(_Killed):
+        _bench(models, out)
+    lines = (out / FILE_NAME).read_text().splitlines()
+    assert [next(iter(json.loads(line))) for line in lines] == ["journal", "segment", "group", "group", "group"]
+    monkeypatch.undo()
+
+    # Nothing measured yet in this invocation: a report of the three journaled groups, marked partial.
+    partial = _bench(models, out, resume=True, time_limit=0.0)
+    assert partial["progress"] == {**partial["progress"], "complete": False, "prompt_groups": 3, "prompt_groups_total": 8}
+    assert len(partial["runs"]) == 9 and not partial["overhead"]
+    # The first groups alternate between the two categories (a run stopped early covers both).
+    assert sorted(partial["prompts"]["by_category"]) == ["mixed", "repeat"]
+    assert {r["category"] for r in partial["runs"]} == {"mixed", "repeat"}
+    assert "**Partial run**: 3 of 8 prompt groups" in (out / "results.md").read_text()
+
+    resumed = _bench(models, out, resume=True)
+    assert resumed["progress"]["complete"] and resumed["overhead"]  # the overhead runs once all groups are in
+    assert len(resumed["runs"]) == len(whole["runs"]) == 24
+    assert _measured(resumed) == _measured(whole)  # same tokens, rounds and gate: each group once, none lost
+    assert resumed["correctness"] == whole["correctness"]
+    segments = resumed["progress"]["segments"]
+    assert [s["segment"] for s in segments] == [1, 2]  # the time-limited call measured nothing, so no segment
+    assert "Measured in 2 invocations" in (out / "results.md").read_text()
+    for block, other in zip(resumed["results"], whole["results"]):
+        assert block["summary"]["d/carry_on"]["all"]["acceptance_length_micro"] == \
+            other["summary"]["d/carry_on"]["all"]["acceptance_length_micro"]  # fmt: skip
+
+
+def test_a_journal_of_another_benchmark_is_refused(models, tmp_path):
+    out = tmp_path / "run"
+    _bench(models, out, settings=_settings(temperatures=[0.0]), time_limit=0.0)
+    with pytest.raises(JournalError, match="already holds a benchmark run; pass --resume"):
+        _bench(models, out, settings=_settings(temperatures=[0.0]))
+    with pytest.raises(JournalError, match=r"another benchmark \(different settings\)"):
+        _bench(models, out, settings=_settings(temperatures=[0.0], max_new_tokens=11), resume=True)
+    target, _ = models
+    retrained = {"d": tiny_drafter(target, block_size=4, seed=1)}
+    with pytest.raises(JournalError, match=r"different drafters\)"):
+        _bench(models, out, settings=_settings(temperatures=[0.0]), drafters=retrained, resume=True)
+    # Settings that only change the summary may differ; --overwrite starts again.
+    report = _bench(models, out, settings=_settings(temperatures=[0.0], bootstrap_resamples=300), resume=True)
+    assert report["progress"]["complete"]
+    report = _bench(models, out, settings=_settings(temperatures=[0.0], max_new_tokens=11), overwrite=True)
+    assert report["settings"]["max_new_tokens"] == 11 and report["progress"]["segments"][0]["segment"] == 1
+
+
+def test_a_cut_off_last_line_is_measured_again_and_damage_is_an_error(models, tmp_path):
+    out = tmp_path / "run"
+    settings = _settings(temperatures=[0.0])
+    first = _bench(models, out, settings=settings)
+    journal = out / FILE_NAME
+    lines = journal.read_text().splitlines(keepends=True)
+    journal.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])  # killed while writing the last group
+    again = _bench(models, out, settings=settings, resume=True)
+    assert again["progress"]["complete"] and _measured(again) == _measured(first)
+    assert len(journal.read_text().splitlines()) == len(lines) + 1  # the group again, after a new segment line
+    lines = journal.read_text().splitlines(keepends=True)
+    journal.write_text("".join(lines[:2]) + "{not json\n" + "".join(lines[2:]))
+    with pytest.raises(JournalError, match="line 3, does not parse"):
+        _bench(models, out, settings=settings, resume=True)
+
+
+def test_prompts_are_measured_round_robin_over_categories():
+    prompts = [Prompt(id=str(i), category=c, input_ids=[1]) for i, c in enumerate("aaabbc")]
+    assert runner_module._interleaved_by_category(prompts) == [0, 3, 5, 1, 4, 2]
