@@ -327,3 +327,21 @@ def test_lookup_methods_are_compared_with_the_plain_drafter_and_prompt_lookup(mo
 def test_lookup_drafts_must_be_positive():
     with pytest.raises(ValueError, match="lookup_drafts must be at least 1 token"):
         BenchmarkSettings(lookup_drafts=[0]).validate()
+
+
+def test_keep_methods_trims_the_cross_product_of_variants(models):
+    from carryover_hf.bench.runner import build_methods
+
+    _, drafters = models
+    settings = BenchmarkSettings(methods=["target", "prompt_lookup", "dflash_native", "carry_off", "carry_on"],
+                                 proposal_backoffs=[8], lookup_drafts=[10],
+                                 keep_methods=["prompt_lookup", "d/carry_on", "d/carry_off", "*+backoff8+lookup10",
+                                               "m/dflash_native"])  # fmt: skip
+    methods, skipped = build_methods(drafters, settings)
+    assert [m.name for m in methods] == [
+        "target", "prompt_lookup", "d/carry_off", "d/carry_off+backoff8+lookup10", "d/carry_on",
+        "d/carry_on+backoff8+lookup10", "m/carry_off+backoff8+lookup10", "m/carry_on+backoff8+lookup10",
+    ]  # fmt: skip
+    assert [s["name"] for s in skipped] == ["m/dflash_native"]  # kept, but a Markov drafter has no native path: said
+    with pytest.raises(ValueError, match=r"--keep_methods \['d/carry_on@0.5'\] match no method; the options make"):
+        build_methods(drafters, BenchmarkSettings(keep_methods=["d/carry_on@0.5"]))

@@ -15,6 +15,7 @@ method alike.
 from __future__ import annotations
 
 import copy
+import fnmatch
 import hashlib
 import itertools
 import time
@@ -90,6 +91,12 @@ class BenchmarkSettings:
         metadata={"help": "Also run each Carryover method (and each thresholded / backoff one) with context lookup "
                   "(methods '...+lookup<N>': when the last 3 or 2 tokens occurred before, propose up to N tokens "
                   "copied from there instead of running the drafter)."},
+    )
+    keep_methods: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Run only the methods whose names match one of these patterns (fnmatch, e.g. "
+                  "'carry/carry_on*' 'base/carry_off'), out of everything the options above make; the target alone "
+                  "always runs. Default: all."},
     )
     overhead: bool = field(default=True, metadata={"help": "Measure the carry overhead of each drafter in isolation."})
     overhead_context_lengths: list[int] = field(
@@ -427,6 +434,17 @@ def build_methods(
                 label = (f"{name}/{kind}" + (f"@{threshold:g}" if threshold else "")
                          + (f"+backoff{backoff}" if backoff else "") + (f"+lookup{lookup}" if lookup else ""))  # fmt: skip
                 methods.append(Method(label, kind, name, drafter, carry, threshold and float(threshold), backoff, lookup))
+    if settings.keep_methods:
+        names = [m.name for m in methods] + [s["name"] for s in skipped]
+        unmatched = [p for p in settings.keep_methods if not fnmatch.filter(names, p)]
+        if unmatched:
+            raise ValueError(f"--keep_methods {unmatched} match no method; the options make {names}")
+
+        def kept(name: str) -> bool:
+            return any(fnmatch.fnmatchcase(name, p) for p in settings.keep_methods)
+
+        methods = [m for m in methods if m.kind == "target" or kept(m.name)]
+        skipped = [s for s in skipped if kept(s["name"])]
     return methods, skipped
 
 
