@@ -22,18 +22,26 @@ from test_generation_sampling import (
 VOCAB = 16
 
 
-def _with_vocabulary(drafter, token_ids):
+def _with_vocabulary(drafter, token_ids, restrict_markov_inputs=False):
     drafter.set_draft_vocabulary(token_ids)
     if drafter.markov_head is not None:
         torch.nn.init.normal_(drafter.markov_head.proj.weight, std=0.5)
+        if restrict_markov_inputs:  # W1: a row per draft id plus one shared row (drawn at random: it must matter)
+            drafter.restrict_markov_inputs()
+            torch.nn.init.normal_(drafter.markov_head.token_embedding.weight, std=0.5)
     return drafter
 
 
-@pytest.mark.parametrize("kind", ["dflash", "markov"])
-def test_greedy_output_is_identical_with_a_reduced_vocabulary(kind):
+KINDS = [("dflash", False), ("markov", False), ("markov", True)]
+
+
+@pytest.mark.parametrize("kind,restricted", KINDS, ids=["dflash", "markov", "markov-restricted-inputs"])
+def test_greedy_output_is_identical_with_a_reduced_vocabulary(kind, restricted):
     target = skew_towards_token(tiny_target("llama", vocab_size=VOCAB, seed=1), 3, 0.1)
     # Keep token 3 (which the skewed target emits often, so drafts get accepted) and drop others it produces.
-    drafter = _with_vocabulary(tiny_drafter(target, block_size=4, drafter_type=kind, seed=2), [0, 2, 3, 5, 8, 13])
+    drafter = _with_vocabulary(
+        tiny_drafter(target, block_size=4, drafter_type=kind, seed=2), [0, 2, 3, 5, 8, 13], restricted
+    )
     produced, accepted = Counter(), Counter()
     for i in range(8):
         prompt = torch.randint(0, VOCAB, (1, 2 + i), generator=torch.Generator().manual_seed(i))
@@ -50,10 +58,15 @@ def test_greedy_output_is_identical_with_a_reduced_vocabulary(kind):
     assert sum(v for k, v in accepted.items() if k > 1) > 0, accepted  # some drafts were accepted
 
 
-@pytest.mark.parametrize("name,kind", [("temperature", "dflash"), ("top_k+repetition_penalty", "markov")])
-def test_sampling_keeps_the_target_distribution_with_a_reduced_vocabulary(name, kind):
+@pytest.mark.parametrize(
+    "name,kind,restricted",
+    [("temperature", "dflash", False), ("top_k+repetition_penalty", "markov", False), ("temperature", "markov", True)],
+)
+def test_sampling_keeps_the_target_distribution_with_a_reduced_vocabulary(name, kind, restricted):
     target = tiny_target("llama", vocab_size=SAMPLING_VOCAB, hidden_size=32, num_hidden_layers=2, seed=11)
-    drafter = _with_vocabulary(tiny_drafter(target, block_size=4, drafter_type=kind, seed=12), [0, 1, 3, 4, 6])
+    drafter = _with_vocabulary(
+        tiny_drafter(target, block_size=4, drafter_type=kind, seed=12), [0, 1, 3, 4, 6], restricted
+    )
     samples, acceptance = sample_with_drafter(target, drafter, SETTINGS[name])
     assert {2, 5, 7} & {t for s in samples for t in s}, "the target should sample tokens outside the draft set"
     assert sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
@@ -91,3 +104,39 @@ def test_bad_draft_vocabularies_are_refused(bad, match):
     drafter = tiny_drafter(tiny_target("llama", vocab_size=VOCAB, seed=3), block_size=4, seed=4)
     with pytest.raises(ValueError, match=match):
         drafter.set_draft_vocabulary(bad)
+
+
+def test_markov_inputs_restricted_to_the_draft_vocabulary_keep_their_rows(tmp_path):
+    target = tiny_target("llama", vocab_size=VOCAB, seed=3)
+    drafter = tiny_drafter(target, block_size=4, drafter_type="markov", seed=4)
+    torch.nn.init.normal_(drafter.markov_head.token_embedding.weight, std=0.5)
+    drafter.set_draft_vocabulary([2, 3, 7, 11])
+    every = torch.arange(VOCAB)
+    before = drafter.markov_head(every)
+    w1 = drafter.markov_head.token_embedding.weight.detach().clone()
+    drafter.restrict_markov_inputs()
+    assert drafter.config.markov_input_vocab_size == 4 and drafter.markov_head.token_embedding.weight.shape[0] == 5
+    after = drafter.markov_head(every)
+    kept = torch.tensor([2, 3, 7, 11])
+    torch.testing.assert_close(after[kept], before[kept])  # kept ids: the trained rows
+    others = torch.tensor([i for i in range(VOCAB) if i not in kept.tolist()])
+    shared = drafter.markov_head.proj(w1[others].mean(0))  # every other id: one row, the mean of those it replaced
+    torch.testing.assert_close(after[others], shared.expand(len(others), -1))
+    drafter.save_pretrained(tmp_path)
+    loaded = AutoModel.from_pretrained(tmp_path)
+    assert loaded.config.markov_input_vocab_size == 4
+    assert loaded.markov_head.input_token_ids.tolist() == [2, 3, 7, 11]
+    torch.testing.assert_close(loaded.markov_head(every), after)
+
+
+def test_restricting_markov_inputs_needs_a_markov_head_and_valid_ids():
+    target = tiny_target("llama", vocab_size=VOCAB, seed=3)
+    with pytest.raises(ValueError, match="needs a Markov drafter"):
+        tiny_drafter(target, block_size=4, seed=4).restrict_markov_inputs()
+    markov = tiny_drafter(target, block_size=4, drafter_type="markov", seed=4)
+    with pytest.raises(ValueError, match="no draft vocabulary: pass the token ids"):
+        markov.restrict_markov_inputs()
+    with pytest.raises(ValueError, match="sorted and unique"):
+        markov.restrict_markov_inputs([5, 1])
+    with pytest.raises(ValueError, match=r"ids in \[0, 16\)"):
+        markov.restrict_markov_inputs([1, VOCAB])

@@ -70,7 +70,8 @@ def test_train_command_saves_and_resumes(assets, tmp_path):
 
 def test_a_dflash_checkpoint_continues_as_a_markov_drafter(assets, tmp_path):
     base = tmp_path / "dflash"
-    args = _common(assets, base) + ["--objective", "dflash", "--max_steps", "1", "--save_strategy", "no"]
+    args = _common(assets, base) + ["--objective", "dflash", "--max_steps", "1", "--save_strategy", "no",
+                                    "--draft_vocab_size", "24"]  # fmt: skip
     assert carryover_main(["train", *args]) == 0
     dflash = AutoModel.from_pretrained(base)
     markov_out = tmp_path / "markov"
@@ -82,6 +83,9 @@ def test_a_dflash_checkpoint_continues_as_a_markov_drafter(assets, tmp_path):
     markov = AutoModel.from_pretrained(markov_out)
     assert markov.config.drafter_type == "markov" and markov.markov_head is not None
     assert not markov.markov_head.proj.weight.any()  # W2 = 0: the first proposals are the checkpoint's own
+    # W1: a row per draft-vocabulary id plus one shared row (--markov_inputs auto, a new head)
+    assert markov.config.markov_input_vocab_size == 24 and markov.markov_head.token_embedding.weight.shape[0] == 25
+    assert torch.equal(markov.markov_head.input_token_ids, dflash.draft_token_ids)
     weights = markov.state_dict()
     for name, value in dflash.state_dict().items():  # the backbone as trained (learning rate 0)
         torch.testing.assert_close(weights[name], value)

@@ -58,6 +58,8 @@ class CarryoverDrafterConfig(PreTrainedConfig):
         mask_token_id (`int`): token whose (target) embedding fills the mask rows.
         drafter_type (`str`): `"dflash"` (parallel block) or `"markov"` (block plus a rank-r token-transition head).
         markov_rank (`int`): rank r of the Markov head.
+        markov_input_vocab_size (`int`, *optional*): the Markov head's `W1` has a row for each of this many target
+            ids (saved with the weights) plus one shared row for all others; `None` (default): one row per token.
         use_carryover (`bool`): expose the previous round's rejected target states to the next proposal.
             `False` gives plain DFlash behaviour with the same weights.
         trained_with_carryover (`bool`): whether the weights were trained with the draft-verify-draft objective.
@@ -99,6 +101,7 @@ class CarryoverDrafterConfig(PreTrainedConfig):
     mask_token_id: int = 151669
     drafter_type: str = "dflash"
     markov_rank: int = 256
+    markov_input_vocab_size: int | None = None
     use_carryover: bool = True
     trained_with_carryover: bool = False
     draft_confidence_threshold: float | int | None = None
@@ -158,6 +161,11 @@ class CarryoverDrafterConfig(PreTrainedConfig):
             )
         if self.markov_rank < 1:
             raise ValueError(f"markov_rank must be positive, got {self.markov_rank}.")
+        if self.markov_input_vocab_size is not None and not 1 <= self.markov_input_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"markov_input_vocab_size must be in [1, vocab_size={self.vocab_size}] or None (a row per token), got "
+                f"{self.markov_input_vocab_size}."
+            )
         if self.draft_confidence_threshold is not None and not 0.0 <= self.draft_confidence_threshold <= 1.0:
             raise ValueError(
                 f"draft_confidence_threshold must lie in [0, 1] or be None (off), got {self.draft_confidence_threshold}."
