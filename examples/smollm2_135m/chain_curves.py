@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from training_curves import _state  # noqa: E402  (the same reading of a run's newest trainer state)
 
 TRAIN_KEYS = ("loss", "tau_teacher_forced", "acc_pos_01", "learning_rate")
-EVAL_KEYS = ("eval_loss", "eval_tau_teacher_forced", "eval_acc_pos_01", "eval_acc_pos_02", "eval_acc_pos_03")
+EVAL_KEYS = ("eval_loss", "eval_tau_teacher_forced", "eval_acc_pos_01", "eval_acc_pos_02", "eval_acc_pos_03",
+             "eval_first_draft_tau")  # the last: segments trained with the carryover objective
 
 
 def _checkpoint_state(folder: Path, step: int | None) -> dict:
@@ -73,8 +74,14 @@ def main(output: str, name: str, *segments: str) -> None:
     figure.suptitle(name)
     figure.tight_layout()
     figure.savefig(out / f"{name}.png", dpi=120)
-    lines = [f"# {name}", "", "| step | held-out τ | held-out first-position acc. | held-out loss |", "| --- | --- | --- | --- |"]
-    lines += [f"| {p['step']} | {p['eval_tau_teacher_forced']} | {p['eval_acc_pos_01']} | {p['eval_loss']} |" for p in evaluation]
+    lines = [f"# {name}", "", "| step | held-out τ | held-out first-position acc. | held-out loss | first-draft τ |",
+             "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {p['step']} | {p['eval_tau_teacher_forced']} | {p['eval_acc_pos_01']} | {p['eval_loss']} | "
+              f"{p.get('eval_first_draft_tau', '–')} |" for p in evaluation]  # fmt: skip
+    if any("eval_first_draft_tau" in p for p in evaluation):
+        lines += ["", "Points of carryover-objective segments: τ, accuracy and loss are the second draft's (at the first "
+                  "rejected position, with the rejected rows as carry); first-draft τ is the plain block's at the "
+                  "anchors (the quantity the other segments report as τ)."]
     lines += ["", "Segments:", ""] + [f"- steps {p['first_step']}-{p['first_step'] + p['steps']}: `{p['folder']}`"
                                       + (f" ({p['note']})" if p.get("note") else "") for p in parts]  # fmt: skip
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")

