@@ -229,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     if not progress["complete"]:
         print(
             f"Stopped after {args.stop_after_minutes:g} minutes: {progress['prompt_groups']} of "
-            f"{progress['prompt_groups_total']} prompt groups measured. Continue with the same command plus --resume "
-            f"(and --output_dir {output_dir})."
+            f"{progress['prompt_groups_total']} prompt groups measured. "
+            + ("Rerun the same command to continue." if args.resume
+               else f"Continue with the same command plus --resume (and --output_dir {output_dir}).")
         )
     print(f"Report written to {output_dir}/results.md (all numbers in results.json)")
     return 0
