@@ -138,5 +138,5 @@ def test_restricting_markov_inputs_needs_a_markov_head_and_valid_ids():
         markov.restrict_markov_inputs()
     with pytest.raises(ValueError, match="sorted and unique"):
         markov.restrict_markov_inputs([5, 1])
-    with pytest.raises(ValueError, match=r"ids in \[0, 16\)"):
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, 16\)"):
         markov.restrict_markov_inputs([1, VOCAB])

@@ -181,6 +181,23 @@ class CarryoverDrafterLayer(GradientCheckpointingLayer):
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
+def _find_sorted(table: torch.LongTensor, token_ids: torch.LongTensor) -> tuple[torch.LongTensor, torch.BoolTensor]:
+    """Position of each of `token_ids` in the sorted id `table`, and whether it is there (positions of absent ids
+    are meaningless: callers mask them)."""
+    position = torch.searchsorted(table, token_ids).clamp(max=table.numel() - 1)
+    return position, table[position] == token_ids
+
+
+def _check_token_ids(ids: torch.LongTensor, vocab_size: int, what: str) -> None:
+    """`ids` must be a non-empty, sorted, duplicate-free set of ids of a `vocab_size` vocabulary."""
+    if ids.numel() == 0:
+        raise ValueError(f"{what} needs at least one token id.")
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise ValueError(f"{what}: ids must lie in [0, {vocab_size}); got min {int(ids.min())}, max {int(ids.max())}.")
+    if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        raise ValueError(f"{what}: ids must be sorted and unique: pass `sorted(set(ids))`.")
+
+
 class CarryoverMarkovHead(nn.Module):
     """Rank-r first-order token transition: `W2 · W1[x_{j-1}]` added to the LM-head logits of row j.
 
@@ -205,9 +222,8 @@ class CarryoverMarkovHead(nn.Module):
         """The `W1` row of each target id."""
         if self.input_token_ids is None:
             return token_ids
-        size = self.input_token_ids.numel()
-        position = torch.searchsorted(self.input_token_ids, token_ids).clamp(max=size - 1)
-        return position.masked_fill(self.input_token_ids[position] != token_ids, size)
+        position, inside = _find_sorted(self.input_token_ids, token_ids)
+        return position.masked_fill(~inside, self.input_token_ids.numel())
 
     def forward(self, previous_token_ids: torch.LongTensor) -> torch.Tensor:
         return self.proj(self.token_embedding(self.rows(previous_token_ids)))
@@ -279,8 +295,7 @@ class DraftHead:
         """Draft indices of target ids, and whether each id is in the draft vocabulary (indices of others: 0)."""
         if self.token_ids is None:
             return token_ids, torch.ones_like(token_ids, dtype=torch.bool)
-        position = torch.searchsorted(self.token_ids, token_ids).clamp(max=self.size - 1)
-        inside = self.token_ids[position] == token_ids
+        position, inside = _find_sorted(self.token_ids, token_ids)
         return position.masked_fill(~inside, 0), inside
 
     def to_full(self, logits: torch.Tensor) -> torch.Tensor:
@@ -394,19 +409,13 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
         """
         ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().cpu()
         vocab = self.config.vocab_size
-        if ids.numel() == 0:
-            raise ValueError("set_draft_vocabulary needs at least one token id.")
-        if ids.min() < 0 or ids.max() >= vocab:
-            raise ValueError(f"Draft vocabulary ids must lie in [0, {vocab}); got min {int(ids.min())}, max {int(ids.max())}.")
-        if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
-            raise ValueError("Draft vocabulary ids must be sorted and unique: pass `sorted(set(ids))`.")
+        _check_token_ids(ids, vocab, "set_draft_vocabulary")
         device = self.fc.weight.device
         if self.markov_head is not None:
             old_ids = self.draft_token_ids.cpu() if self.draft_token_ids is not None else torch.arange(vocab)
             weight = self.markov_head.proj.weight.data
             kept = torch.zeros(ids.numel(), weight.shape[1], dtype=weight.dtype, device=weight.device)
-            position = torch.searchsorted(old_ids, ids).clamp(max=old_ids.numel() - 1)
-            found = old_ids[position] == ids
+            position, found = _find_sorted(old_ids, ids)
             kept[found.to(weight.device)] = weight[position[found].to(weight.device)]
             self.markov_head.proj = nn.Linear(weight.shape[1], ids.numel(), bias=False, device=weight.device, dtype=weight.dtype)
             self.markov_head.proj.weight.data.copy_(kept)
@@ -432,10 +441,7 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
                 raise ValueError("This drafter has no draft vocabulary: pass the token ids W1 should keep rows for.")
             token_ids = self.draft_token_ids
         ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().to(head.token_embedding.weight.device)
-        if ids.numel() == 0 or ids.min() < 0 or ids.max() >= self.config.vocab_size:
-            raise ValueError(f"Markov input ids must be a non-empty set of ids in [0, {self.config.vocab_size}).")
-        if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
-            raise ValueError("Markov input ids must be sorted and unique: pass `sorted(set(ids))`.")
+        _check_token_ids(ids, self.config.vocab_size, "restrict_markov_inputs")
         old = head.token_embedding.weight
         every = torch.arange(self.config.vocab_size, device=ids.device)
         rows = head.rows(every)  # the current row of every target id

@@ -28,6 +28,10 @@ def pad_token_id(config, fallback: int | None = 0) -> int | None:
     return eos if isinstance(eos, int) else fallback
 
 
+def json_fingerprint(value) -> str:
+    """A short checksum of a JSON-able value (dicts in key order; other objects by their `str`)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
 
 def model_fingerprint(model) -> str:
     """A checksum of a model (a target or a drafter): its config and a strided sample of every weight.
@@ -48,4 +52,4 @@ def model_fingerprint(model) -> str:
     return digest.hexdigest()[:16]
 
 
-__all__ = ["device_synchronizer", "model_fingerprint", "pad_token_id"]
+__all__ = ["device_synchronizer", "json_fingerprint", "model_fingerprint", "pad_token_id"]

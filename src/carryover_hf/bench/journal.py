@@ -20,12 +20,13 @@ again), anything else that does not parse is an error.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from ..utils import json_fingerprint
 
 SCHEMA = "carryover-hf-bench-journal/1"
 FILE_NAME = "runs.jsonl"
@@ -33,10 +34,6 @@ FILE_NAME = "runs.jsonl"
 
 class JournalError(ValueError):
     """A journal that belongs to another benchmark, or is damaged."""
-
-
-def fingerprint_of(measures: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(measures, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _now() -> str:
@@ -80,7 +77,7 @@ class RunJournal:
         if path.is_file() and resume:
             return cls._read(path, measures)
         path.parent.mkdir(parents=True, exist_ok=True)
-        header = {"journal": SCHEMA, "created": _now(), "fingerprint": fingerprint_of(measures), "measures": measures}
+        header = {"journal": SCHEMA, "created": _now(), "fingerprint": json_fingerprint(measures), "measures": measures}
         path.write_text(json.dumps(header) + "\n")
         return cls(path, measures, {}, [])
 
@@ -93,7 +90,7 @@ class RunJournal:
             assert header.get("journal") == SCHEMA
         except (IndexError, ValueError, AssertionError):
             raise JournalError(f"{path} is not a benchmark journal ({SCHEMA}); use another --output_dir.") from None
-        if header["fingerprint"] != fingerprint_of(measures):
+        if header["fingerprint"] != json_fingerprint(measures):
             theirs = header["measures"]
             differ = sorted(k for k in set(theirs) | set(measures) if theirs.get(k) != measures.get(k))
             raise JournalError(
@@ -139,4 +136,4 @@ class RunJournal:
         self.groups[(float(group["temperature"]), group["prompt_id"])] = group
 
 
-__all__ = ["FILE_NAME", "JournalError", "RunJournal", "fingerprint_of"]
+__all__ = ["FILE_NAME", "JournalError", "RunJournal"]

@@ -142,11 +142,10 @@ def render_model_card(
                 f"; its sliding-window layers (window {imported['sliding_window']}) run with full attention here"
             )
     if markov:
-        drafter_kind = f"Markov (DFlash backbone + rank-{config.markov_rank} first-order token-transition head)"
-        if getattr(config, "markov_input_vocab_size", None):
-            drafter_kind = drafter_kind[:-1] + (
-                f"; its input table has a row for each of {config.markov_input_vocab_size:,} ids and one shared row)"
-            )
+        head = f"DFlash backbone + rank-{config.markov_rank} first-order token-transition head"
+        if config.markov_input_vocab_size:
+            head += f"; its input table has a row for each of {config.markov_input_vocab_size:,} ids and one shared row"
+        drafter_kind = f"Markov ({head})"
     else:
         drafter_kind = "DFlash (block diffusion, one forward pass per proposal)"
     if config.use_carryover:

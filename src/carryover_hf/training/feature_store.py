@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..utils import model_fingerprint
+from ..utils import json_fingerprint, model_fingerprint
 from .data import token_rows
 
 MANIFEST = "features.json"
@@ -134,7 +134,7 @@ def _settings(config: FeatureBuildConfig, target, layer_ids: list[int], rows) ->
 def fingerprint_of(settings: dict) -> str:
     """The build's fingerprint: everything but the rows (each shard records its rows' own fingerprint)."""
     keys = ("format_version", "target_fingerprint", "target_dtype", "target_layer_ids", "dtype", "top_k", "shard_rows")
-    return hashlib.sha256(json.dumps({k: settings[k] for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
+    return json_fingerprint({k: settings[k] for k in keys})
 
 
 def _kept_shards(manifest: dict, rows, expected: list[str], out: Path) -> list[dict]:
