@@ -3,6 +3,7 @@
 Timing values are recorded but never asserted.
 """
 
+import copy
 import json
 
 import pytest
@@ -228,6 +229,14 @@ def test_native_export_refuses_markov_drafters(models):
     _, drafters = models
     with pytest.raises(NativeDFlashUnavailable, match="Markov"):
         to_native_dflash(drafters["m"])
+
+
+def test_native_export_refuses_a_draft_vocabulary_with_the_reason(models):
+    _, drafters = models
+    drafter = copy.deepcopy(drafters["d"])
+    drafter.set_draft_vocabulary(list(range(0, drafter.config.vocab_size, 2)))
+    with pytest.raises(NativeDFlashUnavailable, match="draft_vocab_size=.*proposals differ"):
+        to_native_dflash(drafter)
 
 
 def test_bad_settings_fail_before_any_generation(models, monkeypatch):

@@ -5,7 +5,7 @@ the learning-efficiency sweep evaluated on). Training: every other row of the ru
 with the run: rerun this script after new chunks are committed and only the new rows are encoded (a short last shard
 is redone). Stores are derived files (about 5.8 kB per token): they are not committed, this script rebuilds them.
 
-    OMP_NUM_THREADS=1 python examples/smollm2_135m/build_features.py --output runs/features [--num_threads 1]
+    OMP_NUM_THREADS=1 python examples/smollm2_135m/build_features.py --output runs/features [--num_threads 1] [--num_rows N]
 
 Settings: the layers of the drafters (1 8 14 20 27), bfloat16 storage, the target's top-32 log-probabilities, shards of
 16 rows.
@@ -27,9 +27,17 @@ def main() -> None:
     parser.add_argument("--dataset", default="assets/train/smollm2-135m", help="regeneration run folder(s), comma-separated")
     parser.add_argument("--output", default="runs/features", help="writes OUTPUT-train and OUTPUT-eval")
     parser.add_argument("--num_threads", type=int, default=1)
+    parser.add_argument("--num_rows", type=int, default=None,
+                        help="use the first NUM_ROWS rows of the run only (default: every finished row); the 0.2 "
+                        "drafters' store is the first 2,176 (chunks 0-16)")
     args = parser.parse_args()
 
     rows = load_regenerated(args.dataset)
+    if args.num_rows is not None:
+        if not HELD_OUT.stop <= args.num_rows <= len(rows):
+            raise SystemExit(f"--num_rows must be in [{HELD_OUT.stop}, {len(rows)}] ({args.dataset} has {len(rows)} "
+                             f"finished rows and rows {HELD_OUT.start}-{HELD_OUT.stop - 1} are held out), got {args.num_rows}.")
+        rows = rows.select(range(args.num_rows))
     if len(rows) < HELD_OUT.stop:
         raise SystemExit(f"{args.dataset} has {len(rows)} rows; the held-out rows {HELD_OUT.start}-{HELD_OUT.stop - 1} need more.")
     held_out = set(HELD_OUT)

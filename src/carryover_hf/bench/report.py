@@ -544,8 +544,9 @@ def plot_speedup_by_category(report: Mapping[str, Any], path: str | Path) -> Non
                 s = block["summary"][method][g].get("speedup") or {}
                 est = s.get("estimate")
                 values.append(np.nan if est is None else est)
-                lows.append(0 if s.get("ci_low") is None or est is None else est - s["ci_low"])
-                highs.append(0 if s.get("ci_high") is None or est is None else s["ci_high"] - est)
+                # An interval that leaves out its estimate (a percentile interval may) is drawn from the estimate.
+                lows.append(0 if s.get("ci_low") is None or est is None else max(est - s["ci_low"], 0))
+                highs.append(0 if s.get("ci_high") is None or est is None else max(s["ci_high"] - est, 0))
             xs = np.arange(len(groups)) + (i - (len(methods) - 1) / 2) * width
             ax.bar(xs, values, width, yerr=[lows, highs], capsize=2, label=method)
         ax.axhline(1.0, color="black", linewidth=0.8)

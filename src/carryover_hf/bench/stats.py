@@ -51,7 +51,7 @@ def bootstrap_interval(
 
     All arrays in `data` hold one value per prompt, aligned; resampling draws the same prompts from each. The BCa
     interval is used, falling back to the percentile interval where BCa is undefined (e.g. a constant sample, where
-    both ends equal the constant).
+    both ends equal the constant) or leaves out the point estimate (which happens with two or three prompts).
     """
     from scipy.stats import bootstrap
 
@@ -79,8 +79,17 @@ def bootstrap_interval(
                 rng=np.random.default_rng(seed),
             )
         low, high = _finite(result.confidence_interval.low), _finite(result.confidence_interval.high)
-        if low is not None and high is not None:
+        if low is None or high is None:
+            continue
+        if estimate is None:
             return Interval(estimate, low, high, method, n)
+        slack = 1e-9 * max(abs(estimate), 1.0)  # an end that differs from the estimate by rounding only
+        if low - slack <= estimate <= high + slack:
+            return Interval(estimate, min(low, estimate), max(high, estimate), method, n)
+        if method == "percentile":
+            return Interval(estimate, low, high, method, n)
+        # BCa can put a very small sample's interval beside the point estimate (two prompts of a category, say):
+        # the percentile interval is used then.
     return Interval(estimate, n=n)
 
 

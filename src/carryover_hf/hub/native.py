@@ -28,6 +28,12 @@ def unsupported_reason(drafter: CarryoverDrafterModel) -> str | None:
         return f"drafter_type={config.drafter_type!r}: Transformers' DFlash path has no Markov head"
     if config.attention_bias:
         return "attention_bias=True: MuseGlimmerAssistantModel projections have no bias"
+    if config.draft_vocab_size is not None:
+        return (
+            f"draft_vocab_size={config.draft_vocab_size}: this drafter proposes only from its draft vocabulary, "
+            f"Transformers' DFlash path from all {config.vocab_size} rows of the LM head, so their proposals differ; "
+            "compare carry_off with a drafter trained without a draft vocabulary"
+        )
     return None
 
 
