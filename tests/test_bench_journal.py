@@ -9,6 +9,7 @@ from carryover_hf.bench import BenchmarkSettings, run_benchmark, tiny_prompts
 from carryover_hf.bench import runner as runner_module
 from carryover_hf.bench.journal import FILE_NAME, JournalError
 from carryover_hf.bench.prompts import Prompt
+from carryover_hf.bench.report import machine
 from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
 
 VOCAB = 32
@@ -91,6 +92,25 @@ def test_an_interrupted_run_resumes_to_what_one_run_measures(models, tmp_path, m
     for block, other in zip(resumed["results"], whole["results"]):
         assert block["summary"]["d/carry_on"]["all"]["acceptance_length_micro"] == \
             other["summary"]["d/carry_on"]["all"]["acceptance_length_micro"]  # fmt: skip
+
+
+def test_each_invocation_records_its_machine_and_a_mixed_run_says_so(models, tmp_path, monkeypatch):
+    out = tmp_path / "two-machines"
+    _kill_after(monkeypatch, 3 * 2 + 1)  # dies inside the third group: two groups journaled
+    with pytest.raises(_Killed):
+        _bench(models, out)
+    monkeypatch.undo()
+    first = json.loads((out / FILE_NAME).read_text().splitlines()[1])
+    assert first["segment"] == 1 and first["machine"] == machine(torch.device("cpu")) != ""
+    _bench(models, out, resume=True, time_limit=0.0)  # a report of the journaled groups: one machine so far
+    assert "more than one machine" not in (out / "results.md").read_text()
+
+    monkeypatch.setattr("carryover_hf.bench.report.machine", lambda device: "Other CPU @ 1.00GHz")
+    report = _bench(models, out, resume=True)
+    assert [s["machine"] for s in report["progress"]["segments"]] == [first["machine"], "Other CPU @ 1.00GHz"]
+    assert report["environment"]["machine"] == "Other CPU @ 1.00GHz"
+    text = (out / "results.md").read_text()
+    assert "**Timed on more than one machine**" in text and "invocation 2: Other CPU @ 1.00GHz" in text
 
 
 def test_a_journal_of_another_benchmark_is_refused(models, tmp_path):

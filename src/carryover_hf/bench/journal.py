@@ -119,11 +119,12 @@ class RunJournal:
     def done(self, temperature: float, prompt_id: str) -> dict | None:
         return self.groups.get((float(temperature), prompt_id))
 
-    def record(self, group: Mapping[str, Any], command: str | None = None) -> None:
-        """Append a finished prompt group (and, before the first one of this invocation, a segment line)."""
+    def record(self, group: Mapping[str, Any], command: str | None = None, machine: str | None = None) -> None:
+        """Append a finished prompt group (and, before the first one of this invocation, a segment line with the
+        command and the machine that timed it)."""
         entries = []
         if not self._segment_started:
-            segment = {"segment": len(self.segments) + 1, "started": _now(), "command": command}
+            segment = {"segment": len(self.segments) + 1, "started": _now(), "command": command, "machine": machine}
             self.segments.append(segment)
             entries.append(segment)
             self._segment_started = True

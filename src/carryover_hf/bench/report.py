@@ -202,12 +202,26 @@ def _git_commit() -> dict[str, Any] | None:
     return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
+def machine(device: torch.device) -> str:
+    """The processor (or GPU) that timed a run, by name: `model name` of /proc/cpuinfo on Linux."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment(device: torch.device) -> dict[str, Any]:
     packages = ["carryover-hf", "torch", "transformers", "accelerate", "safetensors", "numpy", "scipy", "matplotlib", "tqdm"]
     env: dict[str, Any] = {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "machine": machine(device),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "packages": {p: _version(p) for p in packages},
@@ -383,6 +397,15 @@ def to_markdown(report: Mapping[str, Any]) -> str:
             + ", ".join(seg["started"] for seg in progress["segments"])
             + "; the methods of a prompt always ran back to back in one.",
         ]
+        machines = {seg.get("machine") or "not recorded" for seg in progress["segments"]}
+        if len(machines) > 1:
+            lines += [
+                "",
+                "**Timed on more than one machine**: "
+                + "; ".join(f"invocation {seg['segment']}: {seg.get('machine') or 'not recorded'}" for seg in progress["segments"])
+                + ". Speedups and their comparisons are paired within a prompt's group, which one machine timed; "
+                "tok/s and ms figures pool the machines.",
+            ]
     multi_turn = report["prompts"].get("multi_turn_first_turn_only")
     if multi_turn:
         lines += ["", f"{multi_turn} multi-turn prompts were benchmarked on their first turn only."]

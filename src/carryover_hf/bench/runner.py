@@ -503,7 +503,7 @@ def run_benchmark(
     A greedy output that fails the correctness gate has its speed withheld from the report; with
     `settings.fail_on_mismatch` a `CorrectnessError` is raised after the report is written.
     """
-    from .report import build_report, write_report
+    from .report import build_report, machine, write_report
 
     settings = settings or BenchmarkSettings()
     settings.validate()
@@ -562,13 +562,14 @@ def run_benchmark(
         for _ in range(settings.warmup):
             for method in methods:
                 run_method(target, method, first, 0.0, settings, settings.seed, max_new_tokens=min(16, settings.max_new_tokens))
+    timed_on = machine(target.device)
     bar = tqdm(total=len(pending) * len(methods), desc="bench", unit="gen", disable=not progress)
     for temperature, index in pending:
         if time_limit is not None and time.perf_counter() - started > time_limit:
             break
         group = _run_prompt_group(target, methods, prompts[index], index, encoded, temperature, settings, tolerance, bar)
         if journal is not None:
-            journal.record(group, command=(run_info or {}).get("command"))
+            journal.record(group, command=(run_info or {}).get("command"), machine=timed_on)
         finished[(temperature, prompts[index].id)] = group
     bar.close()
 
