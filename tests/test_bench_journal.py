@@ -150,3 +150,22 @@ def test_a_cut_off_last_line_is_measured_again_and_damage_is_an_error(models, tm
 def test_prompts_are_measured_round_robin_over_categories():
     prompts = [Prompt(id=str(i), category=c, input_ids=[1]) for i, c in enumerate("aaabbc")]
     assert runner_module._interleaved_by_category(prompts) == [0, 3, 5, 1, 4, 2]
+
+
+def test_the_committed_release_journal_still_fingerprints_the_shipped_drafters():
+    """Config fields added since the 0.2 benchmark began (`utils.LATER_CONFIG_DEFAULTS`) leave the shipped drafters'
+    fingerprints as its journal recorded them, so the journal resumes; a field set away from its default does not."""
+    from pathlib import Path
+
+    from transformers import AutoModel
+
+    from carryover_hf.utils import model_fingerprint
+
+    root = Path(__file__).resolve().parents[1]
+    header = json.loads((root / "benchmarks/results/smollm2-135m-0.2-t0" / FILE_NAME).read_text().split("\n", 1)[0])
+    drafters = {"continued": "smollm2-135m-continued-dflash", "carryover": "smollm2-135m-carryover-dflash"}
+    for name, folder in drafters.items():
+        drafter = AutoModel.from_pretrained(root / "drafters/carryover-hf" / folder, dtype=torch.float32)
+        assert model_fingerprint(drafter) == header["measures"]["drafters"][name]
+        drafter.config.lookup_backoff = 8
+        assert model_fingerprint(drafter) != header["measures"]["drafters"][name]

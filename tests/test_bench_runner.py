@@ -338,6 +338,34 @@ def test_lookup_drafts_must_be_positive():
         BenchmarkSettings(lookup_drafts=[0]).validate()
 
 
+def test_lookup_backoff_methods_and_a_fingerprint_that_older_journals_share(models):
+    from carryover_hf.bench.runner import _measures, build_methods, default_comparisons
+
+    target, drafters = models
+    base = dict(methods=["target", "carry_on"], lookup_drafts=[6], overhead=False, warmup=0)
+    settings = BenchmarkSettings(**base, lookup_backoffs=[4])
+    methods, _ = build_methods(drafters, settings)
+    names = [m.name for m in methods]
+    assert {"d/carry_on", "d/carry_on+lookup6", "d/carry_on+lookup6+lookupbackoff4"} <= set(names)
+    assert not any(n.endswith("carry_on+lookupbackoff4") for n in names)  # no lookup, nothing to hold back
+    held = next(m for m in methods if m.name == "d/carry_on+lookup6+lookupbackoff4")
+    assert held.generation_options(settings)["lookup_backoff"] == 4 and held.describe()["lookup_backoff"] == 4
+    assert ("d/carry_on+lookup6+lookupbackoff4", "d/carry_on+lookup6") in default_comparisons(methods, ["d"])
+
+    # Without lookup backoffs, what a run measures is described as before the option existed (no new keys), so a
+    # journal begun then still resumes.
+    plain, _ = build_methods(drafters, BenchmarkSettings(**base))
+    measures = _measures(target, drafters, plain, [], {}, BenchmarkSettings(**base), 0.0, None)
+    assert "lookup_backoffs" not in measures["settings"]
+    assert all("lookup_backoff" not in m for m in measures["methods"])
+    assert "lookup_backoffs" in _measures(target, drafters, methods, [], {}, settings, 0.0, None)["settings"]
+
+    with pytest.raises(ValueError, match="give --lookup_drafts too"):
+        BenchmarkSettings(lookup_backoffs=[4]).validate()
+    with pytest.raises(ValueError, match="lookup_backoffs must be at least 1 round"):
+        BenchmarkSettings(lookup_drafts=[6], lookup_backoffs=[0]).validate()
+
+
 def test_keep_methods_trims_the_cross_product_of_variants(models):
     from carryover_hf.bench.runner import build_methods
 

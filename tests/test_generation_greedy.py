@@ -154,6 +154,31 @@ def test_greedy_output_is_identical_with_lookup_drafts(targets, backoff):
     assert lookups > 0 and drafter_rounds > 0 and long_lookups > 0, (lookups, drafter_rounds, long_lookups)
 
 
+@pytest.mark.parametrize("backoff", [None, 2])
+def test_greedy_output_is_identical_with_lookup_backoff(targets, backoff):
+    """`lookup_backoff` holds the lookup back after a failed one (the drafter, or its backoff, has those rounds);
+    outputs stay exact."""
+    lookups = held_back = 0
+    for stats in _exact_runs(targets, lookup_drafts=10, lookup_backoff=4, proposal_backoff=backoff):
+        lookups += stats.lookup_proposals
+        held_back += stats.lookups_skipped_by_backoff
+    assert lookups > 0 and held_back > 0, (lookups, held_back)
+
+
+def test_backoff_skips_doubling_chances_after_failures_up_to_its_limit():
+    from carryover_hf.generation import Backoff
+
+    backoff, skipped = Backoff(limit=4), []
+    for accepted in [False, False, False, False, True, False]:
+        backoff.record(first_draft_accepted=accepted)
+        count = 0
+        while backoff.skips():
+            count += 1
+        skipped.append(count)
+    assert skipped == [1, 2, 4, 4, 0, 1]
+    assert Backoff.of(None) is None and Backoff.of(3).limit == 3
+
+
 def test_lookup_continuation():
     from carryover_hf.generation import lookup_continuation
 

@@ -8,6 +8,7 @@ test rejects a drafter that misreports the distribution it sampled from.
 """
 
 import itertools
+import sys
 from collections import Counter
 
 import pytest
@@ -96,6 +97,7 @@ def sample_with_drafter(target, drafter, settings: dict, drafts: Counter | None 
             drafts["cut"] += drafter.last_generation_stats.stopped_by_confidence
             drafts["skipped"] += drafter.last_generation_stats.skipped_by_backoff
             drafts["lookup"] += drafter.last_generation_stats.lookup_proposals
+            drafts["lookup_skipped"] += drafter.last_generation_stats.lookups_skipped_by_backoff
     return samples, acceptance
 
 
@@ -156,6 +158,20 @@ def test_sampling_keeps_target_distribution_with_lookup_drafts(target):
     drafts = Counter()
     samples, acceptance = sample_with_drafter(target, drafter, SETTINGS["temperature"], drafts=drafts)
     assert drafts["lookup"] > 0 and acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0
+    assert_matches(samples, exact_distribution(target, SETTINGS["temperature"]))
+
+
+def test_sampling_keeps_target_distribution_with_lookup_backoff(target, monkeypatch):
+    """Rounds whose lookup the lookup backoff held back (the drafter proposes in them) keep the target's distribution.
+    A periodic prompt makes the lookup fire (and fail) in the first rounds already."""
+    monkeypatch.setattr(sys.modules[__name__], "PROMPT", torch.tensor([[1, 5, 2, 1, 5, 2]]))
+    drafter = tiny_drafter(target, block_size=4, seed=12)
+    drafter.config.lookup_drafts = 3
+    drafter.config.lookup_backoff = 4
+    drafts = Counter()
+    samples, acceptance = sample_with_drafter(target, drafter, SETTINGS["temperature"], drafts=drafts)
+    assert drafts["lookup"] > 0 and drafts["lookup_skipped"] > 0, drafts
+    assert acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
     assert_matches(samples, exact_distribution(target, SETTINGS["temperature"]))
 
 

@@ -27,11 +27,11 @@ def default_target_layer_ids(num_target_layers: int, num_layer_ids: int) -> list
     return [int(round(start + i * span / (num_layer_ids - 1))) for i in range(num_layer_ids)]
 
 
-COUNT_OPTIONS = {"proposal_backoff": "rounds", "lookup_drafts": "tokens"}
+COUNT_OPTIONS = {"proposal_backoff": "rounds", "lookup_drafts": "tokens", "lookup_backoff": "rounds"}
 
 
 def check_count_option(name: str, value) -> int | None:
-    """A count option (`proposal_backoff`, `lookup_drafts`) as the generator uses it (`None`: off; 0 means off
+    """A count option (`proposal_backoff`, `lookup_drafts`, `lookup_backoff`) as the generator uses it (`None`: off; 0 means off
     too), or a clear error."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"{name} must be a whole number of {COUNT_OPTIONS[name]} >= 0 or None (off), got {value!r}.")
@@ -77,6 +77,12 @@ class CarryoverDrafterConfig(PreTrainedConfig):
             sequence, the round proposes the (up to) this many tokens that followed their latest occurrence, with
             no drafter forward; otherwise the drafter proposes. Lossless (greedy: identical tokens; sampling: the
             drafts are returned as one-hot distributions). `None` (default): off. Overridable per `generate` call.
+        lookup_backoff (`int`, *optional*): after a context lookup whose first draft the target rejects, the lookup
+            is not tried for the next 1, 2, 4, ... rounds (at most this many in a row; the drafter proposes in them
+            as usual), until a lookup draft is accepted again: under sampling a lookup's drafts are accepted with the
+            target's probability of each, and a long failed lookup costs a long verification. Lossless (which
+            rounds look up depends only on verified tokens). `None` (default): every round looks up. Overridable per
+            `generate` call.
         vocab_size (`int`): vocabulary size of the target (the drafter shares its embedding and LM head).
         draft_vocab_size (`int`, *optional*): size of a reduced draft vocabulary (EAGLE-3 / speculators style): the
             LM head runs over these target token ids only (`drafter.draft_token_ids`, set with
@@ -107,6 +113,7 @@ class CarryoverDrafterConfig(PreTrainedConfig):
     draft_confidence_threshold: float | int | None = None
     proposal_backoff: int | None = None
     lookup_drafts: int | None = None
+    lookup_backoff: int | None = None
 
     # Qwen3-style layer hyperparameters
     hidden_size: int = 2560

@@ -43,11 +43,41 @@ CARRYOVER_GENERATION_OPTIONS = {
     "lookup_drafts": "when the last 3 (else 2) tokens occurred earlier in the sequence, propose up to this many of the "
     "tokens that followed their latest occurrence instead of running the drafter (default: drafter.config; None or "
     "0 = off)",
+    "lookup_backoff": "after a context lookup whose first draft is rejected, do not look up for 1, 2, 4, ... rounds "
+    "(at most this many in a row; the drafter proposes in them as usual) until a lookup draft is accepted again "
+    "(default: drafter.config; None or 0 = off)",
     "carryover_timing": "record prefill/drafting/verification wall times in the statistics (synchronises the device "
     "at each boundary; default False)",
 }
 # Options that choose another candidate generator: Transformers would ignore them next to a Carryover drafter.
 CONFLICTING_SPECULATION_OPTIONS = ("prompt_lookup_num_tokens", "assistant_early_exit", "speculation_type", "use_mtp")
+
+
+@dataclass
+class Backoff:
+    """An exponential backoff over rounds: after `failures` proposals in a row whose first draft the target rejected,
+    the next min(2 ** (failures - 1), `limit`) chances are skipped; an accepted first draft resets it. Serves
+    `proposal_backoff` (the drafter's proposals) and `lookup_backoff` (the context lookup's)."""
+
+    limit: int
+    failures: int = 0  # proposals in a row whose first draft was rejected
+    skip: int = 0  # chances left to skip
+
+    @classmethod
+    def of(cls, limit: int | None) -> "Backoff | None":
+        return None if limit is None else cls(limit)
+
+    def record(self, first_draft_accepted: bool) -> None:
+        """The outcome of a proposal just verified."""
+        self.failures = 0 if first_draft_accepted else self.failures + 1
+        self.skip = min(2 ** (self.failures - 1), self.limit) if self.failures else 0
+
+    def skips(self) -> bool:
+        """Whether this chance is skipped (and counted off)."""
+        if self.skip > 0:
+            self.skip -= 1
+            return True
+        return False
 
 
 @dataclass
@@ -64,6 +94,7 @@ class GenerationStats:
     stopped_by_confidence: int = 0  # proposals cut short by `draft_confidence_threshold`
     skipped_by_backoff: int = 0  # rounds with no proposal (plain target steps) under `proposal_backoff`
     lookup_proposals: int = 0  # rounds whose drafts came from a context lookup (`lookup_drafts`), not the drafter
+    lookups_skipped_by_backoff: int = 0  # rounds whose lookup `lookup_backoff` held back (found or not)
     timed: bool = False
     prefill_time: float = 0.0
     drafting_time: float = 0.0
@@ -124,8 +155,9 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         if self.confidence_threshold is not None and float(self.confidence_threshold) == 0.0:
             self.confidence_threshold = None  # 0 never cuts a proposal: the same as off (and turns off a config default)
         # 0 never skips / never looks up: the same as off (and turns off a config default).
-        self.backoff = _count_option(generation_config, drafter.config, "proposal_backoff")
+        self.backoff = Backoff.of(_count_option(generation_config, drafter.config, "proposal_backoff"))
         self.lookup_drafts = _count_option(generation_config, drafter.config, "lookup_drafts")
+        self.lookup_backoff = Backoff.of(_count_option(generation_config, drafter.config, "lookup_backoff"))
         self.timing = bool(_option(generation_config, "carryover_timing", False))
         # Speculative sampling, Transformers' lossy ensemble mode and the confidence rule read the candidate logits;
         # plain greedy decoding does not.
@@ -148,8 +180,6 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         self.num_context = 0  # position of the next context row = position of the next anchor
         self.num_cached = 0  # context rows the drafter has seen (fewer while the backoff skips proposals)
         self.uncached: list[torch.Tensor] = []  # verified rows since then, given to the next proposal
-        self.failures = 0  # proposals in a row whose first draft was rejected
-        self.skip_rounds = 0  # rounds left to skip under the backoff
         self.last_num_drafts = 0  # drafts of the last drafter proposal (0 after a plain step or a lookup)
         self.last_from_lookup = False  # whether the round just verified proposed a context lookup
         self.started = False  # whether the prefill's states have reached the drafter
@@ -212,15 +242,20 @@ class CarryoverCandidateGenerator(CandidateGenerator):
 
         room = self.max_length - input_ids.shape[1] - 1  # drafts that fit before the length budget's last token
         num_drafts = min(self.config.block_size - 1, room)
+        if self.lookup_backoff is not None and self.last_from_lookup:
+            self.lookup_backoff.record(first_draft_accepted=n_last_matches > 0)
         self.last_from_lookup = False
         if num_drafts <= 0:
             # The next target step fills the length budget and generation ends there: no proposal is needed.
             self.finished_drafting = True
             return self._plain_step(input_ids)
         if self.lookup_drafts is not None:
-            drafts = lookup_continuation(input_ids[0], min(self.lookup_drafts, room))
-            if drafts is not None:
-                return self._lookup_proposal(input_ids, drafts)
+            if self.lookup_backoff is not None and self.lookup_backoff.skips():
+                self.stats.lookups_skipped_by_backoff += 1
+            else:
+                drafts = lookup_continuation(input_ids[0], min(self.lookup_drafts, room))
+                if drafts is not None:
+                    return self._lookup_proposal(input_ids, drafts)
         if self._backing_off(n_last_matches):
             return self._plain_step(input_ids, skipped=True)
 
@@ -290,13 +325,9 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         own step (its distribution at T > 0)."""
         if self.backoff is None:
             return False
-        if self.last_num_drafts > 0:  # the round just verified had a proposal: update the streak
-            self.failures = self.failures + 1 if n_last_matches == 0 else 0
-            self.skip_rounds = min(2 ** (self.failures - 1), self.backoff) if self.failures else 0
-        if self.skip_rounds > 0:
-            self.skip_rounds -= 1
-            return True
-        return False
+        if self.last_num_drafts > 0:  # the round just verified had a drafter proposal: update the streak
+            self.backoff.record(first_draft_accepted=n_last_matches > 0)
+        return self.backoff.skips()
 
     def _pick_while_confident(
         self, input_ids: torch.LongTensor, block_states: torch.Tensor
@@ -421,7 +452,7 @@ def _option(generation_config: GenerationConfig, name: str, default: Any) -> Any
 
 
 def _count_option(generation_config: GenerationConfig, config: Any, name: str) -> int | None:
-    """A count option (`proposal_backoff`, `lookup_drafts`) of this call, else the drafter config's; checked."""
+    """A count option (`COUNT_OPTIONS`) of this call, else the drafter config's; checked."""
     return check_count_option(name, _option(generation_config, name, getattr(config, name, None)))
 
 

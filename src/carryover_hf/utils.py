@@ -33,6 +33,11 @@ def json_fingerprint(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+# Config fields added after fingerprints were first recorded (bench journals, feature stores): left out at these
+# default values, so that a fingerprint recorded before a field existed still matches the same model.
+LATER_CONFIG_DEFAULTS = {"lookup_backoff": None}
+
+
 def model_fingerprint(model) -> str:
     """A checksum of a model (a target or a drafter): its config and a strided sample of every weight.
 
@@ -42,6 +47,9 @@ def model_fingerprint(model) -> str:
     config = model.config.to_diff_dict()
     for key in ("_name_or_path", "transformers_version", "_attn_implementation_autoset", "dtype", "torch_dtype"):
         config.pop(key, None)
+    for key, default in LATER_CONFIG_DEFAULTS.items():
+        if key in config and config[key] == default:
+            config.pop(key)
     digest.update(json.dumps(config, sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
         flat = tensor.detach().reshape(-1)

@@ -92,6 +92,12 @@ class BenchmarkSettings:
                   "(methods '...+lookup<N>': when the last 3 or 2 tokens occurred before, propose up to N tokens "
                   "copied from there instead of running the drafter)."},
     )
+    lookup_backoffs: list[int] = field(
+        default_factory=list,
+        metadata={"help": "Also run each lookup method with these lookup backoffs (methods '...+lookup<N>+lookupbackoff"
+                  "<M>': after a lookup whose first draft is rejected, do not look up for 1, 2, 4, ... rounds, at most "
+                  "M in a row; the drafter proposes in them). Needs --lookup_drafts."},
+    )
     keep_methods: list[str] = field(
         default_factory=list,
         metadata={"help": "Run only the methods whose names match one of these patterns (fnmatch, e.g. "
@@ -136,6 +142,11 @@ class BenchmarkSettings:
         bad = [n for n in self.lookup_drafts if n < 1]
         if bad:
             raise ValueError(f"lookup_drafts must be at least 1 token, got {bad}")
+        bad = [b for b in self.lookup_backoffs if b < 1]
+        if bad:
+            raise ValueError(f"lookup_backoffs must be at least 1 round, got {bad}")
+        if self.lookup_backoffs and not self.lookup_drafts:
+            raise ValueError("lookup_backoffs hold back a context lookup: give --lookup_drafts too")
         for pair in self.compare:
             if len(pair.split(",")) != 2:
                 raise ValueError(f"--compare takes 'A,B' (two method names), got {pair!r}")
@@ -153,6 +164,7 @@ class Method:
     confidence_threshold: float | None = None
     proposal_backoff: int | None = None
     lookup_drafts: int | None = None
+    lookup_backoff: int | None = None
 
     @property
     def speculative(self) -> bool:
@@ -171,13 +183,17 @@ class Method:
         if self.kind in ("carry_off", "carry_on"):
             # 0 turns the adaptive length off whatever the drafter's config says.
             return {"use_carryover": bool(self.use_carryover), "draft_confidence_threshold": self.confidence_threshold or 0.0,
-                    "proposal_backoff": self.proposal_backoff or 0, "lookup_drafts": self.lookup_drafts or 0}
+                    "proposal_backoff": self.proposal_backoff or 0, "lookup_drafts": self.lookup_drafts or 0,
+                    "lookup_backoff": self.lookup_backoff or 0}
         return {}
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "drafter": self.drafter_name, "use_carryover": self.use_carryover,
-                "draft_confidence_threshold": self.confidence_threshold, "proposal_backoff": self.proposal_backoff,
-                "lookup_drafts": self.lookup_drafts}
+        described = {"name": self.name, "kind": self.kind, "drafter": self.drafter_name, "use_carryover": self.use_carryover,
+                     "draft_confidence_threshold": self.confidence_threshold, "proposal_backoff": self.proposal_backoff,
+                     "lookup_drafts": self.lookup_drafts}  # fmt: skip
+        if self.lookup_backoff:  # only when set: journals begun before the option existed keep their fingerprint
+            described["lookup_backoff"] = self.lookup_backoff
+        return described
 
 
 @dataclass
@@ -428,12 +444,17 @@ def build_methods(
             if kind not in settings.methods:
                 continue
             variants = itertools.product(
-                [None, *settings.draft_confidence_thresholds], [None, *settings.proposal_backoffs], [None, *settings.lookup_drafts]
+                [None, *settings.draft_confidence_thresholds], [None, *settings.proposal_backoffs], [None, *settings.lookup_drafts],
+                [None, *settings.lookup_backoffs],
             )
-            for threshold, backoff, lookup in variants:
+            for threshold, backoff, lookup, lookup_backoff in variants:
+                if lookup_backoff and not lookup:
+                    continue  # nothing to hold back
                 label = (f"{name}/{kind}" + (f"@{threshold:g}" if threshold else "")
-                         + (f"+backoff{backoff}" if backoff else "") + (f"+lookup{lookup}" if lookup else ""))  # fmt: skip
-                methods.append(Method(label, kind, name, drafter, carry, threshold and float(threshold), backoff, lookup))
+                         + (f"+backoff{backoff}" if backoff else "") + (f"+lookup{lookup}" if lookup else "")
+                         + (f"+lookupbackoff{lookup_backoff}" if lookup_backoff else ""))  # fmt: skip
+                methods.append(Method(label, kind, name, drafter, carry, threshold and float(threshold), backoff, lookup,
+                                      lookup_backoff))
     if settings.keep_methods:
         names = [m.name for m in methods] + [s["name"] for s in skipped]
         unmatched = [p for p in settings.keep_methods if not fnmatch.filter(names, p)]
@@ -457,8 +478,9 @@ def default_comparisons(methods: Sequence[Method], drafter_names: Sequence[str])
         # Adaptive proposal length and backoff against the same method with the full block, every round.
         pairs += [(m.name, f"{d}/{m.kind}") for m in methods
                   if m.drafter_name == d and (m.confidence_threshold or m.proposal_backoff or m.lookup_drafts)]  # fmt: skip
-        # Context lookup in front of the drafter against prompt lookup alone.
+        # Context lookup in front of the drafter against prompt lookup alone; the lookup backoff against none.
         pairs += [(m.name, "prompt_lookup") for m in methods if m.drafter_name == d and m.lookup_drafts]
+        pairs += [(m.name, m.name.rsplit("+lookupbackoff", 1)[0]) for m in methods if m.drafter_name == d and m.lookup_backoff]
     for i, later in enumerate(drafter_names):
         for earlier in drafter_names[:i]:
             pairs += [(f"{later}/carry_on", f"{earlier}/carry_off"), (f"{later}/carry_on", f"{earlier}/carry_on")]
@@ -661,6 +683,9 @@ def _run_prompt_group(target, methods, prompt, index, encoded, temperature, sett
     }
 
 
+# Settings added after journals existed, left out of the fingerprint at these (default) values so that a journal begun
+# before them still resumes.
+LATER_SETTINGS = {"lookup_backoffs": []}
 # Settings that change only how results are summarised, not what is measured: a resumed run may change them.
 REPORT_ONLY_SETTINGS = (
     "warmup", "bootstrap_resamples", "confidence", "compare", "overhead", "overhead_context_lengths",
@@ -674,7 +699,8 @@ def _measures(target, drafters, methods, prompts, encoded, settings, tolerance, 
     for prompt in prompts:
         tokens.update(prompt.id.encode() + b"\0" + encoded[prompt.id].numpy().tobytes())
     return {
-        "settings": {k: v for k, v in asdict(settings).items() if k not in REPORT_ONLY_SETTINGS},
+        "settings": {k: v for k, v in asdict(settings).items()
+                     if k not in REPORT_ONLY_SETTINGS and not (k in LATER_SETTINGS and v == LATER_SETTINGS[k])},
         "tie_tolerance": tolerance,
         "methods": [m.describe() for m in methods],
         "prompts": {"ids": [p.id for p in prompts], "tokens": tokens.hexdigest()[:16]},
