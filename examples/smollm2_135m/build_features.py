@@ -5,7 +5,7 @@ the learning-efficiency sweep evaluated on). Training: every other row of the ru
 with the run: rerun this script after new chunks are committed and only the new rows are encoded (a short last shard
 is redone). Stores are derived files (about 5.8 kB per token): they are not committed, this script rebuilds them.
 
-    OMP_NUM_THREADS=1 python examples/smollm2_135m/build_features.py --output runs/features [--num_threads 1] [--num_rows N]
+    OMP_NUM_THREADS=1 python examples/smollm2_135m/build_features.py --output runs/features [--num_rows N]
 
 Settings: the layers of the drafters (1 8 14 20 27), bfloat16 storage, the target's top-32 log-probabilities, shards of
 16 rows.
@@ -36,7 +36,8 @@ def main() -> None:
     if args.num_rows is not None:
         if not HELD_OUT.stop <= args.num_rows <= len(rows):
             raise SystemExit(f"--num_rows must be in [{HELD_OUT.stop}, {len(rows)}] ({args.dataset} has {len(rows)} "
-                             f"finished rows and rows {HELD_OUT.start}-{HELD_OUT.stop - 1} are held out), got {args.num_rows}.")
+                             f"finished rows and rows {HELD_OUT.start}-{HELD_OUT.stop - 1} are held out), "
+                             f"got {args.num_rows}.")
         rows = rows.select(range(args.num_rows))
     if len(rows) < HELD_OUT.stop:
         raise SystemExit(f"{args.dataset} has {len(rows)} rows; the held-out rows {HELD_OUT.start}-{HELD_OUT.stop - 1} need more.")

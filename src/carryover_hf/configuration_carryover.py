@@ -31,8 +31,7 @@ COUNT_OPTIONS = {"proposal_backoff": "rounds", "lookup_drafts": "tokens", "looku
 
 
 def check_count_option(name: str, value) -> int | None:
-    """A count option (`proposal_backoff`, `lookup_drafts`, `lookup_backoff`) as the generator uses it (`None`: off; 0 means off
-    too), or a clear error."""
+    """A count option (`COUNT_OPTIONS`) as the generator uses it (`None`: off; 0 means off too), or a clear error."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"{name} must be a whole number of {COUNT_OPTIONS[name]} >= 0 or None (off), got {value!r}.")
     return value or None

@@ -402,7 +402,9 @@ def to_markdown(report: Mapping[str, Any]) -> str:
             lines += [
                 "",
                 "**Timed on more than one machine**: "
-                + "; ".join(f"invocation {seg['segment']}: {seg.get('machine') or 'not recorded'}" for seg in progress["segments"])
+                + "; ".join(
+                    f"invocation {seg['segment']}: {seg.get('machine') or 'not recorded'}" for seg in progress["segments"]
+                )
                 + ". Speedups and their comparisons are paired within a prompt's group, which one machine timed; "
                 "tok/s and ms figures pool the machines.",
             ]

@@ -188,9 +188,9 @@ class Method:
         return {}
 
     def describe(self) -> dict[str, Any]:
-        described = {"name": self.name, "kind": self.kind, "drafter": self.drafter_name, "use_carryover": self.use_carryover,
-                     "draft_confidence_threshold": self.confidence_threshold, "proposal_backoff": self.proposal_backoff,
-                     "lookup_drafts": self.lookup_drafts}  # fmt: skip
+        described = {"name": self.name, "kind": self.kind, "drafter": self.drafter_name,
+                     "use_carryover": self.use_carryover, "draft_confidence_threshold": self.confidence_threshold,
+                     "proposal_backoff": self.proposal_backoff, "lookup_drafts": self.lookup_drafts}  # fmt: skip
         if self.lookup_backoff:  # only when set: journals begun before the option existed keep their fingerprint
             described["lookup_backoff"] = self.lookup_backoff
         return described
@@ -444,7 +444,9 @@ def build_methods(
             if kind not in settings.methods:
                 continue
             variants = itertools.product(
-                [None, *settings.draft_confidence_thresholds], [None, *settings.proposal_backoffs], [None, *settings.lookup_drafts],
+                [None, *settings.draft_confidence_thresholds],
+                [None, *settings.proposal_backoffs],
+                [None, *settings.lookup_drafts],
                 [None, *settings.lookup_backoffs],
             )
             for threshold, backoff, lookup, lookup_backoff in variants:
@@ -453,8 +455,9 @@ def build_methods(
                 label = (f"{name}/{kind}" + (f"@{threshold:g}" if threshold else "")
                          + (f"+backoff{backoff}" if backoff else "") + (f"+lookup{lookup}" if lookup else "")
                          + (f"+lookupbackoff{lookup_backoff}" if lookup_backoff else ""))  # fmt: skip
-                methods.append(Method(label, kind, name, drafter, carry, threshold and float(threshold), backoff, lookup,
-                                      lookup_backoff))
+                methods.append(
+                    Method(label, kind, name, drafter, carry, threshold and float(threshold), backoff, lookup, lookup_backoff)
+                )
     if settings.keep_methods:
         names = [m.name for m in methods] + [s["name"] for s in skipped]
         unmatched = [p for p in settings.keep_methods if not fnmatch.filter(names, p)]
@@ -480,7 +483,8 @@ def default_comparisons(methods: Sequence[Method], drafter_names: Sequence[str])
                   if m.drafter_name == d and (m.confidence_threshold or m.proposal_backoff or m.lookup_drafts)]  # fmt: skip
         # Context lookup in front of the drafter against prompt lookup alone; the lookup backoff against none.
         pairs += [(m.name, "prompt_lookup") for m in methods if m.drafter_name == d and m.lookup_drafts]
-        pairs += [(m.name, m.name.rsplit("+lookupbackoff", 1)[0]) for m in methods if m.drafter_name == d and m.lookup_backoff]
+        pairs += [(m.name, m.name.rsplit("+lookupbackoff", 1)[0])
+                  for m in methods if m.drafter_name == d and m.lookup_backoff]  # fmt: skip
     for i, later in enumerate(drafter_names):
         for earlier in drafter_names[:i]:
             pairs += [(f"{later}/carry_on", f"{earlier}/carry_off"), (f"{later}/carry_on", f"{earlier}/carry_on")]
