@@ -15,16 +15,15 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from carryover_hf.bench.journal import read_journal
+
 
 def by_segment(journal: Path) -> list[dict]:
-    lines = [json.loads(line) for line in journal.read_text().split("\n")[1:] if line]
-    segments = {e["segment"]: e for e in lines if "segment" in e and "group" not in e}
+    _, segment_lines, groups = read_journal(journal)
+    segments = {e["segment"]: e for e in segment_lines}
     totals = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0, 0, 0]))  # segment -> method -> tokens, s, accepted, rounds
     prompts = defaultdict(set)
-    for entry in lines:
-        if "group" not in entry:
-            continue
-        group = entry["group"]
+    for group in groups:
         prompts[group["segment"]].add((group["temperature"], group["prompt_id"]))
         for run in group["runs"]:
             total = totals[group["segment"]][run["method"]]

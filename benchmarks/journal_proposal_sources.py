@@ -13,12 +13,13 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from carryover_hf.bench.journal import read_journal
+
 
 def proposal_sources(journal: Path, block_size: int) -> dict[str, dict]:
     counts = defaultdict(Counter)
-    for line in journal.read_text().split("\n")[1:]:
-        entry = json.loads(line) if line else {}
-        for run in entry.get("group", {}).get("runs", []):
+    for group in read_journal(journal)[2]:
+        for run in group["runs"]:
             for accepted, drafts in zip(run["acceptance_lengths"], run["draft_lengths"]):
                 lookup = drafts > block_size - 1 or run["method"] == "prompt_lookup"  # prompt lookup only looks up
                 kind = "plain" if drafts == 0 else "lookup" if lookup else "drafter"

@@ -33,8 +33,13 @@ def json_fingerprint(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-# Config fields added after fingerprints were first recorded (bench journals, feature stores): left out at these
-# default values, so that a fingerprint recorded before a field existed still matches the same model.
+def without_later_defaults(described: dict, later_defaults: dict) -> dict:
+    """`described` without the fields added after fingerprints of it were first recorded, where they hold their
+    default: a fingerprint recorded before a field existed then still matches the same thing."""
+    return {k: v for k, v in described.items() if not (k in later_defaults and v == later_defaults[k])}
+
+
+# Config fields added after fingerprints were first recorded (bench journals, feature stores), with their defaults.
 LATER_CONFIG_DEFAULTS = {"lookup_backoff": None}
 
 
@@ -47,9 +52,7 @@ def model_fingerprint(model) -> str:
     config = model.config.to_diff_dict()
     for key in ("_name_or_path", "transformers_version", "_attn_implementation_autoset", "dtype", "torch_dtype"):
         config.pop(key, None)
-    for key, default in LATER_CONFIG_DEFAULTS.items():
-        if key in config and config[key] == default:
-            config.pop(key)
+    config = without_later_defaults(config, LATER_CONFIG_DEFAULTS)
     digest.update(json.dumps(config, sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
         flat = tensor.detach().reshape(-1)
@@ -60,4 +63,4 @@ def model_fingerprint(model) -> str:
     return digest.hexdigest()[:16]
 
 
-__all__ = ["device_synchronizer", "json_fingerprint", "model_fingerprint", "pad_token_id"]
+__all__ = ["device_synchronizer", "json_fingerprint", "model_fingerprint", "pad_token_id", "without_later_defaults"]

@@ -83,13 +83,8 @@ class RunJournal:
 
     @classmethod
     def _read(cls, path: Path, measures: Mapping[str, Any]) -> "RunJournal":
-        lines = path.read_text().split("\n")
-        complete, tail = lines[:-1], lines[-1]  # a whole line ends in a newline; the tail is a cut-off write
-        try:
-            header = json.loads(complete[0])
-            assert header.get("journal") == SCHEMA
-        except (IndexError, ValueError, AssertionError):
-            raise JournalError(f"{path} is not a benchmark journal ({SCHEMA}); use another --output_dir.") from None
+        complete, tail = _split_lines(path)
+        header = _header(path, complete)
         if header["fingerprint"] != json_fingerprint(measures):
             theirs = header["measures"]
             differ = sorted(k for k in set(theirs) | set(measures) if theirs.get(k) != measures.get(k))
@@ -97,19 +92,8 @@ class RunJournal:
                 f"{path} measures another benchmark (different {', '.join(differ)}); --resume continues only the "
                 "same command on the same models. Use another --output_dir, or --overwrite to start again."
             )
-        groups, segments = {}, []
-        for number, line in enumerate(complete[1:], start=2):
-            if not line:
-                continue
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                raise JournalError(f"{path}, line {number}, does not parse; the journal is damaged.") from None
-            if "group" in entry:
-                group = entry["group"]
-                groups[(float(group["temperature"]), group["prompt_id"])] = group
-            elif "segment" in entry:
-                segments.append(entry)
+        segments, group_list = _entries(path, complete)
+        groups = {(float(g["temperature"]), g["prompt_id"]): g for g in group_list}
         if tail:
             # The process was killed while writing a group: that group is measured again.
             with open(path, "r+") as handle:
@@ -137,4 +121,43 @@ class RunJournal:
         self.groups[(float(group["temperature"]), group["prompt_id"])] = group
 
 
-__all__ = ["FILE_NAME", "JournalError", "RunJournal"]
+def _split_lines(path: Path) -> tuple[list[str], str]:
+    lines = path.read_text().split("\n")
+    return lines[:-1], lines[-1]  # a whole line ends in a newline; the tail is a cut-off write
+
+
+def _header(path: Path, complete: list[str]) -> dict[str, Any]:
+    try:
+        header = json.loads(complete[0])
+        assert header.get("journal") == SCHEMA
+    except (IndexError, ValueError, AssertionError):
+        raise JournalError(f"{path} is not a benchmark journal ({SCHEMA}); use another --output_dir.") from None
+    return header
+
+
+def _entries(path: Path, complete: list[str]) -> tuple[list[dict], list[dict]]:
+    """The segment lines and the finished prompt groups, in journal order."""
+    segments, groups = [], []
+    for number, line in enumerate(complete[1:], start=2):
+        if not line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            raise JournalError(f"{path}, line {number}, does not parse; the journal is damaged.") from None
+        if "group" in entry:
+            groups.append(entry["group"])
+        elif "segment" in entry:
+            segments.append(entry)
+    return segments, groups
+
+
+def read_journal(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict], list[dict]]:
+    """A journal's header, segment lines and finished prompt groups, read only (for analyses of a run: a cut-off last
+    line is left out here and left in place)."""
+    path = Path(path)
+    complete, _ = _split_lines(path)
+    return (_header(path, complete), *_entries(path, complete))
+
+
+__all__ = ["FILE_NAME", "JournalError", "RunJournal", "read_journal"]

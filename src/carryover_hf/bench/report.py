@@ -397,14 +397,12 @@ def to_markdown(report: Mapping[str, Any]) -> str:
             + ", ".join(seg["started"] for seg in progress["segments"])
             + "; the methods of a prompt always ran back to back in one.",
         ]
-        machines = {seg.get("machine") or "not recorded" for seg in progress["segments"]}
-        if len(machines) > 1:
+        machines = {seg["segment"]: seg.get("machine") or "not recorded" for seg in progress["segments"]}
+        if len(set(machines.values())) > 1:
             lines += [
                 "",
                 "**Timed on more than one machine**: "
-                + "; ".join(
-                    f"invocation {seg['segment']}: {seg.get('machine') or 'not recorded'}" for seg in progress["segments"]
-                )
+                + "; ".join(f"invocation {number}: {name}" for number, name in machines.items())
                 + ". Speedups and their comparisons are paired within a prompt's group, which one machine timed; "
                 "tok/s and ms figures pool the machines.",
             ]
