@@ -14,28 +14,36 @@ from carryover_hf import CarryoverDrafterModel
 from carryover_hf.demo import DEFAULT_DRAFTER, SHIPPED_DRAFTERS, resolve_drafter
 from carryover_hf.targets import TARGET_ALIASES
 
-SHIPPED = {
-    "carryover-hf/smollm2-135m-baseline-dflash": False,  # repo id -> trained with the draft-verify-draft objective
-    "carryover-hf/smollm2-135m-continued-dflash": False,
-    "carryover-hf/smollm2-135m-carryover-dflash": True,
-}
+# Every drafter committed under drafters/ is checked here; its name says what it must be:
+# smollm2-135m-<baseline|continued|carryover>-<dflash|markov>, and only "carryover" ones were trained with the
+# draft-verify-draft objective.
+SHIPPED = sorted(f"{p.parent.name}/{p.name}" for p in SHIPPED_DRAFTERS.glob("*/*") if p.is_dir())
+REQUIRED = [f"carryover-hf/smollm2-135m-{role}-dflash" for role in ("baseline", "continued", "carryover")]
 
 
-def test_the_three_smollm2_drafters_are_shipped_and_the_demo_default_is_one_of_them():
-    found = {f"{p.parent.name}/{p.name}" for p in SHIPPED_DRAFTERS.glob("*/*") if (p / "config.json").is_file()}
-    assert set(SHIPPED) <= found
-    assert SHIPPED.get(DEFAULT_DRAFTER)
+def naming(repo_id: str) -> tuple[bool, str]:
+    """(trained with carryover, drafter kind) that the repo's name promises."""
+    role, kind = repo_id.rsplit("/", 1)[1].removeprefix("smollm2-135m-").split("-")
+    assert role in ("baseline", "continued", "carryover") and kind in ("dflash", "markov"), repo_id
+    return role == "carryover", kind
+
+
+def test_the_dflash_trio_is_shipped_and_the_demo_default_is_a_carryover_drafter():
+    assert set(REQUIRED) <= set(SHIPPED)
+    assert DEFAULT_DRAFTER in SHIPPED and naming(DEFAULT_DRAFTER)[0]
 
 
 @pytest.mark.parametrize("repo_id", sorted(SHIPPED))
 def test_shipped_drafter_loads_by_repo_id_offline(repo_id, tmp_path, monkeypatch):
+    with_carryover, kind = naming(repo_id)
     folder = SHIPPED_DRAFTERS / repo_id
     assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "carryover_drafter"
     assert config["target_name_or_path"] == TARGET_ALIASES["smollm2-135m"]
-    assert config["trained_with_carryover"] is SHIPPED[repo_id]
-    assert config["use_carryover"] is SHIPPED[repo_id]  # DFlash-trained drafters draft as plain DFlash by default
+    assert config["drafter_type"] == kind
+    assert config["trained_with_carryover"] is with_carryover
+    assert config["use_carryover"] is with_carryover  # DFlash-trained drafters draft as plain DFlash by default
     assert (folder / "model.safetensors").stat().st_size < 20 * 2**20  # bf16, small enough to commit
 
     card = ModelCard.load(folder / "README.md")
@@ -47,6 +55,6 @@ def test_shipped_drafter_loads_by_repo_id_offline(repo_id, tmp_path, monkeypatch
     source, options = resolve_drafter(repo_id)
     drafter = AutoModel.from_pretrained(source, **options)
     assert isinstance(drafter, CarryoverDrafterModel) and drafter.dtype == torch.bfloat16
-    assert drafter.config.trained_with_carryover is SHIPPED[repo_id]
+    assert drafter.config.trained_with_carryover is with_carryover
     # Trained, not freshly initialised: E_carry moved away from zero exactly when the carryover objective ran.
-    assert bool(drafter.carry_embedding.abs().sum() > 0) is SHIPPED[repo_id]
+    assert bool(drafter.carry_embedding.abs().sum() > 0) is with_carryover

@@ -3,7 +3,8 @@
 # the Hub-layout export under drafters/, the benchmark and the cards (issue 14).
 #
 #   bash examples/smollm2_135m/release_0_2.sh [step ...]
-#   steps: features continued carryover markov_baseline markov_continued markov_carryover publish bench_t0 bench_t1 cards
+#   steps: features continued carryover markov_baseline markov_continued markov_carryover publish bench_t0 bench_t1
+#          cards bench_markov_t0 markov_cards
 #
 # Where each piece comes from:
 # * the dflash baseline is committed (assets/training-state/smollm2-135m-dflash-b4-baseline/, 4,700 steps in four
@@ -89,22 +90,25 @@ publish_one() {  # run folder, repo name, carry default, objective: Hub layout, 
 # publishes the committed dflash baseline.
 step_publish() { publish_one "$BASELINE" smollm2-135m-baseline-dflash off dflash; }
 
-# bench temperature backoffs methods...: 20 held-out prompts per category, 128 new tokens, one thread; MINUTES bounds
-# one call. The journal's fingerprint holds the --keep_methods list as given, order included: a step's list is fixed.
+# bench kind temperature backoffs methods...: the continued and carryover drafters of one kind, 20 held-out prompts
+# per category, 128 new tokens, one thread; MINUTES bounds one call. The journal's fingerprint holds the
+# --keep_methods list as given, order included: a step's list is fixed.
 bench() {
-  local dflash="continued=$DRAFTERS/smollm2-135m-continued-dflash carryover=$DRAFTERS/smollm2-135m-carryover-dflash"
-  local temperature=$1 backoffs=$2; shift 2
+  local kind=$1 temperature=$2 backoffs=$3; shift 3
+  local drafters="continued=$DRAFTERS/smollm2-135m-continued-$kind carryover=$DRAFTERS/smollm2-135m-carryover-$kind"
+  local output=benchmarks/results/smollm2-135m-0.2-t$temperature
+  [ "$kind" = dflash ] || output=benchmarks/results/smollm2-135m-0.2-$kind-t$temperature
   # shellcheck disable=SC2086
-  carryover-hf bench --target smollm2-135m --dtype float32 --drafter $dflash \
+  carryover-hf bench --target smollm2-135m --dtype float32 --drafter $drafters \
     --methods target prompt_lookup dflash_native carry_off carry_on --proposal_backoffs $backoffs --lookup_drafts 10 \
     --keep_methods "$@" \
     --prompts assets/prompts --split eval --num_prompts 20 --max_new_tokens 128 --temperatures "$temperature" \
-    --threads 1 --warmup 1 --seed 0 --no_progress --output_dir "benchmarks/results/smollm2-135m-0.2-t$temperature" \
+    --threads 1 --warmup 1 --seed 0 --no_progress --output_dir "$output" \
     --resume ${MINUTES:+--stop_after_minutes "$MINUTES"}
 }
 KEEP=(prompt_lookup carryover/dflash_native carryover/carry_off carryover/carry_on)
 step_bench_t0() {
-  bench 0 8 "${KEEP[@]}" 'carryover/carry_on+backoff8+lookup10' 'carryover/carry_off+backoff8+lookup10' \
+  bench dflash 0 8 "${KEEP[@]}" 'carryover/carry_on+backoff8+lookup10' 'carryover/carry_off+backoff8+lookup10' \
     continued/carry_off continued/carry_on
 }
 # T = 1: a pilot (benchmarks/results/smollm2-135m-0.2-backoff-t1/, 2 prompts per category, lookup 10 in front)
@@ -112,26 +116,42 @@ step_bench_t0() {
 # carry off with backoff and the continued baseline with carry on (a control of T = 0's carryover question) are left
 # out to keep a prompt's group short.
 step_bench_t1() {
-  bench 1 "8 32" "${KEEP[@]}" 'carryover/carry_on+backoff8+lookup10' 'carryover/carry_on+backoff32+lookup10' \
+  bench dflash 1 "8 32" "${KEEP[@]}" 'carryover/carry_on+backoff8+lookup10' 'carryover/carry_on+backoff32+lookup10' \
     continued/carry_off
+}
+# The Markov pair at T = 0, in a run of its own (the dflash run's method list is fixed by its journal): the carryover
+# question (carryover drafter with carry on against the continued baseline with carry off) and the shipped setting.
+step_bench_markov_t0() {
+  bench markov 0 8 prompt_lookup carryover/carry_on continued/carry_off 'carryover/carry_on+backoff8+lookup10'
 }
 
 NOTE="Held-out eval prompts of assets/prompts (20 per category), 128 new tokens, SmolLM2-135M-Instruct in float32 on \
 a 2-core AVX2 CPU, 1 thread, CPU kernels on. tau = mean accepted tokens per round (bonus included); speedup = decode \
 throughput over the target alone; brackets: 95% bootstrap intervals."
 
-step_cards() {  # re-render the cards of the benchmarked drafters with their T = 0 evaluation
-  for spec in continued-dflash:continued/carry_off carryover-dflash:carryover/carry_on+backoff8+lookup10; do
-    name=smollm2-135m-${spec%%:*} tmp=$(mktemp -d)/card
+# kind, journal, then repo:method pairs: each drafter's card gets its method's evaluation from the journal's report
+card_evaluations() {
+  local kind=$1 results=benchmarks/results/$2/results.json; shift 2
+  [ -f "$results" ] || { echo "no $results: run its bench step first" >&2; return 1; }
+  for spec in "$@"; do
+    local name=smollm2-135m-${spec%%:*}-$kind tmp; tmp=$(mktemp -d)/card
     carryover-hf push "$DRAFTERS/$name" "carryover-hf/$name" --dry-run "$tmp" \
-      --evaluation benchmarks/results/smollm2-135m-0.2-t0/results.json --evaluation-method "${spec#*:}" \
+      --evaluation "$results" --evaluation-method "${spec#*:}" \
       --evaluation-note "$NOTE" --base-model HuggingFaceTB/SmolLM2-135M-Instruct --training-data "$DATA_NOTE"
     cp "$tmp/README.md" "$DRAFTERS/$name/README.md"
   done
 }
+step_cards() {  # re-render the cards of the benchmarked drafters with their T = 0 evaluation
+  card_evaluations dflash smollm2-135m-0.2-t0 continued:continued/carry_off carryover:carryover/carry_on+backoff8+lookup10
+}
+step_markov_cards() {
+  card_evaluations markov smollm2-135m-0.2-markov-t0 continued:continued/carry_off \
+    carryover:carryover/carry_on+backoff8+lookup10
+}
 
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(features continued carryover markov_baseline markov_continued markov_carryover publish bench_t0 bench_t1 cards)
+[ ${#steps[@]} -gt 0 ] || steps=(features continued carryover markov_baseline markov_continued markov_carryover publish bench_t0 bench_t1 cards
+  bench_markov_t0 markov_cards)
 for step in "${steps[@]}"; do
   echo "== $step"; "step_$step"
 done
