@@ -153,12 +153,14 @@ def test_prompts_are_measured_round_robin_over_categories():
 
 
 def test_the_committed_release_journal_still_fingerprints_the_shipped_drafters():
-    """Config fields added since the 0.2 benchmark began (`utils.LATER_CONFIG_DEFAULTS`) leave the shipped drafters'
-    fingerprints as its journal recorded them, so the journal resumes; a field set away from its default does not."""
+    """The shipped drafters' fingerprints are those the 0.2 benchmark's journal recorded, so it resumes: config fields
+    added since, and the per-call proposal defaults a drafter is published with (every method sets its own), leave it
+    as it was; the drafter's weights and its other config fields do not."""
     from pathlib import Path
 
     from transformers import AutoModel
 
+    from carryover_hf.configuration_carryover import PROPOSAL_OPTIONS
     from carryover_hf.utils import model_fingerprint
 
     root = Path(__file__).resolve().parents[1]
@@ -166,6 +168,14 @@ def test_the_committed_release_journal_still_fingerprints_the_shipped_drafters()
     drafters = {"continued": "smollm2-135m-continued-dflash", "carryover": "smollm2-135m-carryover-dflash"}
     for name, folder in drafters.items():
         drafter = AutoModel.from_pretrained(root / "drafters/carryover-hf" / folder, dtype=torch.float32)
-        assert model_fingerprint(drafter) == header["measures"]["drafters"][name]
-        drafter.config.lookup_backoff = 8
-        assert model_fingerprint(drafter) != header["measures"]["drafters"][name]
+        recorded = header["measures"]["drafters"][name]
+        assert model_fingerprint(drafter) == recorded
+        for option, value in zip(PROPOSAL_OPTIONS, (0.5, 8, 10, 4)):
+            setattr(drafter.config, option, value)
+        assert model_fingerprint(drafter) == recorded
+        drafter.config.markov_rank = 128
+        assert model_fingerprint(drafter) != recorded
+        drafter.config.markov_rank = 256
+        with torch.no_grad():
+            drafter.fc.weight[0, 0] += 1.0
+        assert model_fingerprint(drafter) != recorded

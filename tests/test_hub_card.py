@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import subprocess
@@ -86,6 +87,16 @@ def test_card_without_evaluation_says_so_and_rejects_unknown_columns(drafter):
     assert "No evaluation results were recorded" in render_model_card(drafter.config).text
     with pytest.raises(ValueError, match="acceptance"):
         format_evaluation([{"category": "qa", "acceptence_length": 2.0}])
+
+
+def test_card_names_the_proposal_defaults_the_drafter_is_published_with(drafter):
+    assert "Proposal defaults" not in render_model_card(drafter.config).text  # none set: no row
+    config = copy.deepcopy(drafter.config)
+    config.lookup_drafts, config.proposal_backoff = 10, 8
+    text = render_model_card(config).text
+    assert ("| Proposal defaults | context lookup of 10 tokens in front of the drafter; proposal backoff 8 (a "
+            "`generate` call that passes its own options overrides them) |") in text
+    assert "Proposal defaults" not in render_model_card(config, export_format="speculators").text
 
 
 def test_markov_and_speculators_export_cards(tmp_path):

@@ -90,3 +90,20 @@ def test_push_command(drafter, tmp_path, monkeypatch, capsys):
     assert "Uploaded: https://huggingface.co/org/tiny-carryover-dflash/commit/abc" in capsys.readouterr().out
     assert uploaded == snapshot(tmp_path / "dry")
     assert push_module.main([str(tmp_path / "missing"), "org/x-carryover-dflash"]) == 1
+
+
+def test_push_command_sets_the_proposal_defaults_and_refuses_a_bad_one_before_writing(drafter, tmp_path, capsys):
+    drafter.save_pretrained(tmp_path / "saved")
+    base = [str(tmp_path / "saved"), "org/tiny-carryover-dflash"]
+    options = ["--lookup-drafts", "10", "--proposal-backoff", "8", "--draft-confidence-threshold", "0.6"]
+    assert push_module.main(base + options + ["--dry-run", str(tmp_path / "dry")]) == 0
+    config = json.loads((tmp_path / "dry" / "config.json").read_text())
+    assert (config["lookup_drafts"], config["proposal_backoff"], config["draft_confidence_threshold"]) == (10, 8, 0.6)
+    assert config["lookup_backoff"] is None  # not given: as saved
+    assert (tmp_path / "dry" / "model.safetensors").read_bytes() == (tmp_path / "saved" / "model.safetensors").read_bytes()
+
+    for bad, message in ((["--proposal-backoff", "-1"], "proposal_backoff must be a whole number of rounds"),
+                         (["--draft-confidence-threshold", "1.5"], "draft_confidence_threshold must lie in")):
+        assert push_module.main(base + bad + ["--dry-run", str(tmp_path / "bad")]) == 1
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "bad").exists()

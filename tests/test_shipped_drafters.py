@@ -44,11 +44,15 @@ def test_shipped_drafter_loads_by_repo_id_offline(repo_id, tmp_path, monkeypatch
     assert config["drafter_type"] == kind
     assert config["trained_with_carryover"] is with_carryover
     assert config["use_carryover"] is with_carryover  # DFlash-trained drafters draft as plain DFlash by default
+    # A plain generate(assistant_model=drafter) runs the setting the 0.2 benchmark measured fastest at T = 0
+    # (carry_on+backoff8+lookup10 in benchmarks/results/smollm2-135m-0.2-t0/), and the card says so.
+    assert (config["lookup_drafts"], config["proposal_backoff"]) == (10, 8)
     assert (folder / "model.safetensors").stat().st_size < 20 * 2**20  # bf16, small enough to commit
 
     card = ModelCard.load(folder / "README.md")
     assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert f'AutoModel.from_pretrained("{repo_id}"' in card.text
+    assert "| Proposal defaults | context lookup of 10 tokens in front of the drafter; proposal backoff 8 " in card.text
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)

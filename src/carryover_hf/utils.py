@@ -46,12 +46,17 @@ LATER_CONFIG_DEFAULTS = {"lookup_backoff": None}
 def model_fingerprint(model) -> str:
     """A checksum of a model (a target or a drafter): its config and a strided sample of every weight.
 
-    Cheap (a few thousand values per tensor), and it changes with any retraining, quantisation or dtype change.
+    Cheap (a few thousand values per tensor), and it changes with any retraining, quantisation or dtype change. A
+    drafter's per-call proposal defaults (`PROPOSAL_OPTIONS`: threshold, backoffs, lookup) count as unset: a call, and
+    every benchmark method, sets them itself, so re-publishing a drafter with other defaults keeps its fingerprint.
     """
+    from .configuration_carryover import PROPOSAL_OPTIONS
+
     digest = hashlib.sha256()
     config = model.config.to_diff_dict()
     for key in ("_name_or_path", "transformers_version", "_attn_implementation_autoset", "dtype", "torch_dtype"):
         config.pop(key, None)
+    config.update({key: None for key in PROPOSAL_OPTIONS if key in config})
     config = without_later_defaults(config, LATER_CONFIG_DEFAULTS)
     digest.update(json.dumps(config, sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):

@@ -15,6 +15,13 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_TEMPLATE = REPO_ROOT / "model_cards" / "carryover_drafter.md"
 LIBRARY_NAME = "transformers"
 PIPELINE_TAG = "text-generation"
+# How the card names the proposal defaults a drafter is published with (configuration_carryover.PROPOSAL_OPTIONS).
+PROPOSAL_DEFAULT_LABELS = {
+    "lookup_drafts": "context lookup of {} tokens in front of the drafter",
+    "lookup_backoff": "lookup backoff {}",
+    "proposal_backoff": "proposal backoff {}",
+    "draft_confidence_threshold": "adaptive proposal length at {}",
+}
 BASE_TAGS = ("carryover-hf", "speculative-decoding", "dflash", "block-diffusion", "draft-model")
 
 
@@ -153,6 +160,9 @@ def render_model_card(
     else:
         carryover = "off: drafts as plain DFlash (`E_carry` unused)"
     carryover += "; trained with carryover" if config.trained_with_carryover else "; not trained with carryover"
+    proposal_defaults = "; ".join(
+        label.format(getattr(config, name)) for name, label in PROPOSAL_DEFAULT_LABELS.items() if getattr(config, name, None)
+    ) if export_format != "speculators" else None  # vLLM serves an export with its own options
     title = (repo_id.rstrip("/").split("/")[-1] if repo_id else "Carryover drafter") + (
         " (vLLM speculators export)" if export_format == "speculators" else ""
     )
@@ -184,6 +194,7 @@ def render_model_card(
         mask_token_id=config.mask_token_id,
         draft_vocab_size=getattr(config, "draft_vocab_size", None),
         carryover=carryover,
+        proposal_defaults=proposal_defaults,
         imported_from=imported_text,
         training_data=training_data or "not recorded",
         objective=objective or default_objective(config),

@@ -14,7 +14,7 @@ from typing import Any
 from huggingface_hub import HfApi
 from huggingface_hub.utils import validate_repo_id
 
-from ..configuration_carryover import CarryoverDrafterConfig
+from ..configuration_carryover import PROPOSAL_OPTIONS, CarryoverDrafterConfig
 from ..modeling_carryover import CarryoverDrafterModel
 from .card import evaluation_from_bench, render_model_card
 from .checkpoints import CheckpointError, read_config, safetensors_files
@@ -133,6 +133,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--carry", choices=["on", "off"],
                         help="set config.use_carryover in the upload (default: as saved); 'off' for DFlash-trained "
                         "drafters that should draft as plain DFlash by default")
+    for option in PROPOSAL_OPTIONS:  # the defaults a generate call starts from; 0 sets one off
+        parser.add_argument(f"--{option.replace('_', '-')}", type=float if option == "draft_confidence_threshold" else int,
+                            metavar="T" if option == "draft_confidence_threshold" else "N",
+                            help=f"set config.{option} in the upload (default: as saved): the value each generate "
+                            "call uses unless it passes its own (docs/generate.md)")
     parser.add_argument("--private", action="store_true", help="create the repository as private")
     parser.add_argument("--revision", help="branch to push to")
     parser.add_argument("--commit-message", help="commit message")
@@ -153,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             if not isinstance(evaluation, list):
                 raise ValueError(f"{args.evaluation} must hold a JSON list of evaluation rows or a bench report.")
         drafter = args.drafter
-        if args.dtype or args.carry:
+        defaults = {option: getattr(args, option) for option in PROPOSAL_OPTIONS if getattr(args, option) is not None}
+        if args.dtype or args.carry or defaults:
             import torch
 
             _read_drafter_config(Path(drafter))
@@ -161,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             drafter = CarryoverDrafterModel.from_pretrained(drafter, dtype=dtype)
             if args.carry:
                 drafter.config.use_carryover = args.carry == "on"
+            for option, value in defaults.items():
+                setattr(drafter.config, option, value)
+            drafter.config.validate_carryover()  # a bad value fails here, before anything is written
         result = push_to_hub(
             drafter,
             args.repo_id,
