@@ -1,0 +1,49 @@
+"""The journal analysis scripts under benchmarks/: what they compute from a journal's rounds."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sources = _load("journal_proposal_sources")
+
+
+def test_round_kinds_follow_the_draft_count():
+    assert sources.round_kind("carryover/carry_on+lookup10", 0, block_size=4) == "plain"
+    assert sources.round_kind("carryover/carry_on+lookup10", 3, block_size=4) == "drafter"  # fits the block
+    assert sources.round_kind("carryover/carry_on+lookup10", 10, block_size=4) == "lookup"
+    assert sources.round_kind("prompt_lookup", 2, block_size=4) == "lookup"  # prompt lookup only looks up
+
+
+def test_round_costs_are_recovered_from_whole_generation_times():
+    rng = np.random.default_rng(1)
+    rounds = rng.integers(0, 40, size=(30, 2)).astype(float)  # lookup and drafter rounds per prompt
+    truth = np.array([1.7, 1.6])
+    exact = sources.fit_round_costs(rounds, rounds @ truth, resamples=200)
+    for cost, value in zip(exact, truth):
+        assert cost["steps"] == pytest.approx(value)
+        assert cost["interval"] == pytest.approx([value, value])  # no noise: every resample fits the same costs
+
+    noisy = sources.fit_round_costs(rounds, rounds @ truth + rng.normal(0, 2.0, size=30), resamples=500)
+    for cost, value in zip(noisy, truth):
+        low, high = cost["interval"]
+        assert low < cost["steps"] < high and high - low > 0.01
+        assert low - 0.1 < value < high + 0.1
+
+
+def test_a_kind_no_prompt_had_and_too_few_prompts_have_no_cost():
+    rounds = np.array([[0.0, 5.0], [0.0, 9.0], [0.0, 2.0]])  # no lookup round anywhere
+    lookup, drafter = sources.fit_round_costs(rounds, rounds[:, 1] * 1.8, resamples=50)
+    assert lookup is None and drafter["steps"] == pytest.approx(1.8)
+    assert sources.fit_round_costs(np.array([[3.0, 4.0], [1.0, 2.0]]), np.array([5.0, 2.0])) == [None, None]
