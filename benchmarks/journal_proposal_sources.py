@@ -14,7 +14,8 @@ prompt's decode time over the target alone's time per token, less its plain roun
 two kinds), with 95 % percentile bootstrap intervals over prompts. (Fitting the plain rounds' cost too is
 ill-conditioned: in methods without backoff they are 1 % of rounds.) Tokens per step of cost (tokens a round returns,
 bonus included, over its cost) says which rounds pay: a plain step returns 1 token per step; a kind below that would
-be cheaper as plain steps.
+be cheaper as plain steps. With a `draft_confidence_threshold`, a proposal cut to zero drafts counts as a plain round
+although it ran the drafter's forward, and the fit charges that cost to the other kinds.
 """
 
 import argparse
