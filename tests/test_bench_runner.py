@@ -333,6 +333,30 @@ def test_lookup_methods_are_compared_with_the_plain_drafter_and_prompt_lookup(mo
     assert drafter.config.lookup_drafts is None  # per-call option: the drafter's config is never changed
 
 
+def test_methods_ignore_the_proposal_defaults_a_drafter_is_published_with(models):
+    """The shipped drafters carry lookup and backoff defaults; a benchmark's methods set every option themselves, so
+    the plain method still measures the drafter alone and +lookup exactly the lookup it names: the rounds are those of
+    the same drafter without defaults."""
+    target, drafters = models
+    drafter = drafters["d"]
+    settings = BenchmarkSettings(temperatures=[0.0], max_new_tokens=16, methods=["target", "carry_off"],
+                                 lookup_drafts=[6], bootstrap_resamples=200, overhead=False, warmup=0)  # fmt: skip
+
+    def rounds() -> dict:
+        report = run_benchmark(target, {"d": drafter}, tiny_prompts(3, vocab_size=VOCAB), settings=settings,
+                               progress=False)  # fmt: skip
+        assert report["correctness"]["passed"]
+        return {(r["method"], r["prompt_id"]): (r["draft_lengths"], r["acceptance_lengths"]) for r in report["runs"]}
+
+    without = rounds()
+    drafter.config.lookup_drafts, drafter.config.proposal_backoff = 9, 2
+    try:
+        assert rounds() == without
+    finally:
+        drafter.config.lookup_drafts, drafter.config.proposal_backoff = None, None
+    assert all(9 not in lengths for lengths, _ in without.values())
+
+
 def test_lookup_drafts_must_be_positive():
     with pytest.raises(ValueError, match="lookup_drafts must be at least 1 token"):
         BenchmarkSettings(lookup_drafts=[0]).validate()
