@@ -13,7 +13,7 @@ from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
 
 def test_demo_reports_identical_greedy_outputs_speedup_and_acceptance():
     target = tiny_target("llama", vocab_size=64, hidden_size=64, num_hidden_layers=4)
-    drafter = tiny_drafter(target, num_hidden_layers=1, block_size=4)
+    drafter = tiny_drafter(target, num_hidden_layers=1, block_size=4, lookup_drafts=10, proposal_backoff=8)
     skew_towards_token(target, token_id=5, strength=4.0)  # long agreements: drafts get accepted
     prompts = tiny_prompts(3, vocab_size=64)
     args = demo.DemoArguments(max_new_tokens=12, categories=["qa"])
@@ -25,11 +25,20 @@ def test_demo_reports_identical_greedy_outputs_speedup_and_acceptance():
     assert summary["speedup"] > 0
     assert summary["cpu_kernels"] is True  # auto: float32 on CPU
     assert target.config._attn_implementation == "carryover_grouped_sdpa"
-    assert summary["lookup_drafts"] == 10 and summary["proposal_backoff"] == 8  # the defaults
+    assert summary["lookup_drafts"] == 10 and summary["proposal_backoff"] == 8  # the drafter's own defaults
     assert type(target.lm_head).__name__ == "PackedLinear"
     table = demo.format_summary(summary)
     assert "greedy outputs identical to the target alone: yes" in table and "tiny-2" in table
     assert "CPU kernels on, lookup 10, backoff 8" in table
+
+    # Options given on the command line win over the drafter's; a drafter without defaults runs alone.
+    override = demo.run_demo(demo.DemoArguments(max_new_tokens=12, lookup_drafts=0, proposal_backoff=2), target=target,
+                             drafter=drafter, prompts=prompts[:1])  # fmt: skip
+    assert (override["lookup_drafts"], override["proposal_backoff"]) == (0, 2) and override["all_identical"]
+    plain = tiny_drafter(target, num_hidden_layers=1, block_size=4)
+    alone = demo.run_demo(demo.DemoArguments(max_new_tokens=12), target=target, drafter=plain, prompts=prompts[:1])
+    assert (alone["lookup_drafts"], alone["proposal_backoff"]) == (None, None) and alone["all_identical"]
+    assert "lookup off, backoff off" in demo.format_summary(alone)
 
 
 def test_demo_rejects_bad_options_before_loading_anything(capsys):

@@ -9,9 +9,10 @@ The drafters committed under `drafters/<org>/<name>` are placed in the local Hug
 exactly as after a download (`AutoModel.from_pretrained("carryover-hf/smollm2-135m-carryover-dflash")`). Each prompt
 runs with the target alone and with the drafter, back to back, after an untimed warm-up; the demo prints both times,
 the speedup and the mean acceptance length, and checks that greedy outputs are identical. The drafter runs as the
-library is meant to be used on CPU: context lookup in front of it (`--lookup_drafts 10`), the proposal backoff
-(`--proposal_backoff 8`) and the CPU kernels (`--cpu_kernels auto`: packed float32 linears, grouped-query
-attention); set them to 0 / off to see the drafter alone.
+library is meant to be used on CPU: with its own proposal defaults (the shipped SmolLM2 drafters: context lookup 10 in
+front of the drafter and the proposal backoff 8; `--lookup_drafts N` / `--proposal_backoff N` override them) and the
+CPU kernels (`--cpu_kernels auto`: packed float32 linears, grouped-query attention); set them to 0 / off to see the
+drafter alone.
 """
 
 from __future__ import annotations
@@ -42,13 +43,15 @@ class DemoArguments:
     temperature: float = field(default=0.0, metadata={"help": "0: greedy (outputs are checked to be identical)"})
     dtype: str = field(default="float32", metadata={"help": "float32 (fastest on AVX2 CPUs) or bfloat16"})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)"})
-    lookup_drafts: int = field(
-        default=10,
+    lookup_drafts: int | None = field(
+        default=None,
         metadata={"help": "context lookup: rounds whose last 3 or 2 tokens occurred before propose this many tokens "
-                  "copied from there instead of running the drafter (0 = off; docs/generate.md)"},
+                  "copied from there instead of running the drafter (0 = off; default: the drafter's own, "
+                  "config.lookup_drafts; docs/generate.md)"},
     )
-    proposal_backoff: int = field(
-        default=8, metadata={"help": "after a rejected first draft, skip proposing for 1, 2, 4, ... rounds (0 = off)"}
+    proposal_backoff: int | None = field(
+        default=None, metadata={"help": "after a rejected first draft, skip proposing for 1, 2, 4, ... rounds (0 = "
+                                "off; default: the drafter's own, config.proposal_backoff)"},
     )
     cpu_kernels: str = field(
         default="auto",
@@ -87,7 +90,7 @@ def _check_args(args: DemoArguments) -> None:
         problems.append("--prompts_per_category and --max_new_tokens must be positive")
     if args.temperature < 0:
         problems.append("--temperature must be >= 0")
-    if args.lookup_drafts < 0 or args.proposal_backoff < 0:
+    if any(value is not None and value < 0 for value in (args.lookup_drafts, args.proposal_backoff)):
         problems.append("--lookup_drafts and --proposal_backoff must be >= 0 (0 = off)")
     if args.dtype not in ("float32", "bfloat16"):
         problems.append(f"--dtype must be float32 or bfloat16, got {args.dtype!r}")
@@ -131,10 +134,13 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
         apply_cpu_kernels(target, drafter)
     target.eval()
     drafter.eval()
+    # Not given: the drafter's own defaults, as a plain generate call would use them (a method passes every option).
+    lookup_drafts = drafter.config.lookup_drafts if args.lookup_drafts is None else args.lookup_drafts
+    proposal_backoff = drafter.config.proposal_backoff if args.proposal_backoff is None else args.proposal_backoff
     settings = BenchmarkSettings(max_new_tokens=args.max_new_tokens, warmup=0, overhead=False)
     alone = Method("target", "target")
     assisted = Method("drafter", "carry_on", assistant=drafter, use_carryover=True,
-                      proposal_backoff=args.proposal_backoff or None, lookup_drafts=args.lookup_drafts or None)  # fmt: skip
+                      proposal_backoff=proposal_backoff or None, lookup_drafts=lookup_drafts or None)  # fmt: skip
     encoded = [encode_prompt(p, tokenizer) for p in prompts]
 
     for method in (alone, assisted):  # untimed warm-up
@@ -171,8 +177,8 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
         "dtype": str(target.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
         "cpu_kernels": cpu_kernels,
-        "lookup_drafts": args.lookup_drafts,
-        "proposal_backoff": args.proposal_backoff,
+        "lookup_drafts": lookup_drafts,
+        "proposal_backoff": proposal_backoff,
         "temperature": args.temperature,
         "max_new_tokens": args.max_new_tokens,
         "speedup": total_plain / total_spec,
