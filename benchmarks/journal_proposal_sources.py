@@ -70,8 +70,9 @@ def proposal_sources(journal: Path, block_size: int) -> dict[str, dict]:
                 c[f"{kind}_accepted"] += accepted - 1  # the bonus token is not a draft
                 c[f"{kind}_drafts"] += drafts
             if target is not None and target["decode_tokens"] and target["decode_time"] > 0:
-                step = target["decode_time"] / target["decode_tokens"]  # plain rounds cost one step each
-                per_prompt[run["method"]].append(([kinds[k] for k in PROPOSING], run["decode_time"] / step - kinds["plain"]))
+                steps = run["decode_time"] / (target["decode_time"] / target["decode_tokens"])
+                # a plain round costs one step; the rest of the time is the proposing rounds'
+                per_prompt[run["method"]].append(([kinds[k] for k in PROPOSING], steps - kinds["plain"]))
     out = {}
     for method, c in sorted(counts.items()):
         rounds = c["plain"] + c["lookup"] + c["drafter"]

@@ -100,7 +100,8 @@ def test_push_command_sets_the_proposal_defaults_and_refuses_a_bad_one_before_wr
     config = json.loads((tmp_path / "dry" / "config.json").read_text())
     assert (config["lookup_drafts"], config["proposal_backoff"], config["draft_confidence_threshold"]) == (10, 8, 0.6)
     assert config["lookup_backoff"] is None  # not given: as saved
-    assert (tmp_path / "dry" / "model.safetensors").read_bytes() == (tmp_path / "saved" / "model.safetensors").read_bytes()
+    weights = (tmp_path / "dry" / "model.safetensors", tmp_path / "saved" / "model.safetensors")
+    assert weights[0].read_bytes() == weights[1].read_bytes()
 
     for bad, message in ((["--proposal-backoff", "-1"], "proposal_backoff must be a whole number of rounds"),
                          (["--draft-confidence-threshold", "1.5"], "draft_confidence_threshold must lie in")):

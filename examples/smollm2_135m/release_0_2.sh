@@ -153,7 +153,8 @@ card_evaluations() {
   done
 }
 step_cards() {  # re-render the cards of the benchmarked drafters with their T = 0 evaluation
-  card_evaluations dflash smollm2-135m-0.2-t0 continued:continued/carry_off carryover:carryover/carry_on+backoff8+lookup10
+  card_evaluations dflash smollm2-135m-0.2-t0 continued:continued/carry_off \
+    carryover:carryover/carry_on+backoff8+lookup10
 }
 step_markov_cards() {
   card_evaluations markov smollm2-135m-0.2-markov-t0 continued:continued/carry_off \
@@ -161,8 +162,8 @@ step_markov_cards() {
 }
 
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(features continued carryover markov_baseline markov_continued markov_carryover publish bench_t0 bench_t1 cards
-  bench_markov_t0 markov_cards)
+[ ${#steps[@]} -gt 0 ] || steps=(features continued carryover markov_baseline markov_continued markov_carryover publish
+  republish bench_t0 bench_t1 cards bench_markov_t0 markov_cards)
 for step in "${steps[@]}"; do
   echo "== $step"; "step_$step"
 done

@@ -29,7 +29,7 @@ def default_target_layer_ids(num_target_layers: int, num_layer_ids: int) -> list
 
 COUNT_OPTIONS = {"proposal_backoff": "rounds", "lookup_drafts": "tokens", "lookup_backoff": "rounds"}
 # The proposal settings a generate call may pass; the config holds only their defaults (a published drafter carries
-# its measured best ones), so they are not part of what the drafter is (utils.model_fingerprint leaves them out).
+# its measured best ones), so they are not part of what the drafter is (utils.model_fingerprint counts them as unset).
 PROPOSAL_OPTIONS = ("draft_confidence_threshold", *COUNT_OPTIONS)
 
 

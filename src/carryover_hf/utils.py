@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import torch
 
+from .configuration_carryover import PROPOSAL_OPTIONS
+
 
 def device_synchronizer(device: torch.device | str) -> Callable[[], None]:
     """A function that waits for queued work on `device` (CUDA); a no-op elsewhere. Call it only around timings."""
@@ -50,8 +52,6 @@ def model_fingerprint(model) -> str:
     drafter's per-call proposal defaults (`PROPOSAL_OPTIONS`: threshold, backoffs, lookup) count as unset: a call, and
     every benchmark method, sets them itself, so re-publishing a drafter with other defaults keeps its fingerprint.
     """
-    from .configuration_carryover import PROPOSAL_OPTIONS
-
     digest = hashlib.sha256()
     config = model.config.to_diff_dict()
     for key in ("_name_or_path", "transformers_version", "_attn_implementation_autoset", "dtype", "torch_dtype"):

@@ -160,9 +160,10 @@ def render_model_card(
     else:
         carryover = "off: drafts as plain DFlash (`E_carry` unused)"
     carryover += "; trained with carryover" if config.trained_with_carryover else "; not trained with carryover"
-    proposal_defaults = "; ".join(
-        label.format(getattr(config, name)) for name, label in PROPOSAL_DEFAULT_LABELS.items() if getattr(config, name, None)
-    ) if export_format != "speculators" else None  # vLLM serves an export with its own options
+    proposal_defaults = None  # a speculators export is served by vLLM with its own options
+    if export_format != "speculators":
+        set_defaults = {name: getattr(config, name, None) for name in PROPOSAL_DEFAULT_LABELS}
+        proposal_defaults = "; ".join(PROPOSAL_DEFAULT_LABELS[k].format(v) for k, v in set_defaults.items() if v)
     title = (repo_id.rstrip("/").split("/")[-1] if repo_id else "Carryover drafter") + (
         " (vLLM speculators export)" if export_format == "speculators" else ""
     )

@@ -134,8 +134,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="set config.use_carryover in the upload (default: as saved); 'off' for DFlash-trained "
                         "drafters that should draft as plain DFlash by default")
     for option in PROPOSAL_OPTIONS:  # the defaults a generate call starts from; 0 sets one off
-        parser.add_argument(f"--{option.replace('_', '-')}", type=float if option == "draft_confidence_threshold" else int,
-                            metavar="T" if option == "draft_confidence_threshold" else "N",
+        threshold = option == "draft_confidence_threshold"
+        parser.add_argument(f"--{option.replace('_', '-')}", type=float if threshold else int,
+                            metavar="T" if threshold else "N",
                             help=f"set config.{option} in the upload (default: as saved): the value each generate "
                             "call uses unless it passes its own (docs/generate.md)")
     parser.add_argument("--private", action="store_true", help="create the repository as private")
