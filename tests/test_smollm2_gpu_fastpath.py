@@ -50,6 +50,7 @@ def _run(tmp_path, *stages, timeout=600, **env):
         ((), {"TARGET_LAYER_IDS": "1 x 27"}, "TARGET_LAYER_IDS must be whole numbers"),
         ((), {"TARGET_LAYER_IDS": " "}, "TARGET_LAYER_IDS must list the target layers"),
         ((), {"LEARNING_RATE": "fast"}, "LEARNING_RATE must be a number"),
+        ((), {"LOOKUP_DRAFTS": "ten"}, "LOOKUP_DRAFTS must be a whole number, got 'ten'"),
         ((), {"DISTILLATION": "mse"}, "DISTILLATION must be kl, tv or none"),
         ((), {"DISTILLATION": "kl", "TOP_K": "0"}, "TOP_K must be at least 1 (or DISTILLATION=none)"),
         (("regenerate",), {"DATASET": "/nonexistent/rows"}, "DATASET=/nonexistent/rows does not exist"),
@@ -157,6 +158,7 @@ def test_rehearsal_runs_every_stage_end_to_end(tmp_path, kind):
         assert exported["model_type"] == "carryover_drafter" and exported["drafter_type"] == kind
         assert exported["draft_vocab_size"] == 64 and exported.get("dtype", exported.get("torch_dtype")) == "bfloat16"
         assert exported["use_carryover"] is (name == "carryover")
+        assert (exported["lookup_drafts"], exported["proposal_backoff"]) == (10, 8)  # the CPU-measured defaults
         tensors = load_file(folder / "model.safetensors")
         assert {str(t.dtype) for t in tensors.values() if t.is_floating_point()} == {"torch.bfloat16"}
         loaded = AutoModel.from_pretrained(folder)
