@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import huggingface_hub.constants
 import pytest
@@ -19,6 +21,9 @@ from carryover_hf.targets import TARGET_ALIASES
 # draft-verify-draft objective.
 SHIPPED = sorted(f"{p.parent.name}/{p.name}" for p in SHIPPED_DRAFTERS.glob("*/*") if p.is_dir())
 REQUIRED = [f"carryover-hf/smollm2-135m-{role}-dflash" for role in ("baseline", "continued", "carryover")]
+# The proposal defaults the release scripts publish every drafter with (one file, sourced by both scripts).
+DEFAULTS_FILE = Path(__file__).parents[1] / "examples" / "smollm2_135m" / "proposal_defaults.sh"
+PROPOSAL_DEFAULTS = {k: int(v) for k, v in re.findall(r"^SMOLLM2_(\w+)=(\d+)$", DEFAULTS_FILE.read_text(), re.M)}
 
 
 def naming(repo_id: str) -> tuple[bool, str]:
@@ -46,13 +51,16 @@ def test_shipped_drafter_loads_by_repo_id_offline(repo_id, tmp_path, monkeypatch
     assert config["use_carryover"] is with_carryover  # DFlash-trained drafters draft as plain DFlash by default
     # A plain generate(assistant_model=drafter) runs the setting the 0.2 benchmark measured fastest at T = 0
     # (carry_on+backoff8+lookup10 in benchmarks/results/smollm2-135m-0.2-t0/), and the card says so.
-    assert (config["lookup_drafts"], config["proposal_backoff"]) == (10, 8)
+    lookup, backoff = PROPOSAL_DEFAULTS["LOOKUP_DRAFTS"], PROPOSAL_DEFAULTS["PROPOSAL_BACKOFF"]
+    assert (lookup, backoff) == (10, 8), "the shipped defaults changed: re-benchmark, then update this test"
+    assert (config["lookup_drafts"], config["proposal_backoff"]) == (lookup, backoff)
     assert (folder / "model.safetensors").stat().st_size < 20 * 2**20  # bf16, small enough to commit
 
     card = ModelCard.load(folder / "README.md")
     assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert f'AutoModel.from_pretrained("{repo_id}"' in card.text
-    defaults = "| Proposal defaults | context lookup of 10 tokens in front of the drafter; proposal backoff 8 ("
+    defaults = f"| Proposal defaults | context lookup of {lookup} tokens in front of the drafter; proposal backoff "
+    defaults += str(backoff)
     assert defaults in card.text
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))

@@ -61,9 +61,10 @@ fi
 DRAFTER_LAYERS=${DRAFTER_LAYERS:-1} DISTILLATION=${DISTILLATION:-kl}
 LEARNING_RATE=${LEARNING_RATE:-1e-3} EXTRA_LEARNING_RATE=${EXTRA_LEARNING_RATE:-3e-4}
 REPO_PREFIX=${REPO_PREFIX:-carryover-hf/smollm2-135m}
-# The proposal defaults the exported drafters carry (what generate uses unless a call passes its own; 0 = off): the
-# setting the 0.2 benchmark measured fastest for SmolLM2-135M on a CPU, lookup 10 + backoff 8 (docs/smollm2.md).
-LOOKUP_DRAFTS=${LOOKUP_DRAFTS:-10} PROPOSAL_BACKOFF=${PROPOSAL_BACKOFF:-8}
+# The proposal defaults the exported drafters carry (what generate uses unless a call passes its own; 0 = off):
+# those of the CPU-trained SmolLM2 drafters (proposal_defaults.sh).
+. examples/smollm2_135m/proposal_defaults.sh
+LOOKUP_DRAFTS=${LOOKUP_DRAFTS:-$SMOLLM2_LOOKUP_DRAFTS} PROPOSAL_BACKOFF=${PROPOSAL_BACKOFF:-$SMOLLM2_PROPOSAL_BACKOFF}
 RUNS=${RUNS:-runs/smollm2-135m-gpu-$KIND}
 OUT_DIR=${OUT_DIR:-$RUNS/out}
 DATA=${DATASET:-$RUNS/regenerated}

