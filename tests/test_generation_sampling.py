@@ -4,7 +4,8 @@ The target's exact distribution over the next few tokens is enumerated (vocabula
 in one batched forward, through the same logits processors `generate` applies), and the tokens sampled with the
 drafter are compared with it by Pearson chi-square tests. Each test works at significance level 0.001 (cells with an
 expected count under 5 pooled); seeds are fixed, so a run is reproducible. A negative control shows that the same
-test rejects a drafter that misreports the distribution it sampled from.
+test rejects a drafter that misreports the distribution it sampled from. The controls are marked `slow` (they check
+the test's power, not the product): run them with `pytest -m slow` whenever this test or the acceptance code changes.
 """
 
 import itertools
@@ -193,6 +194,7 @@ def test_sampling_keeps_target_distribution_with_cpu_kernels(target):
     assert_matches(samples, exact_distribution(packed_target, SETTINGS["temperature"]))
 
 
+@pytest.mark.slow  # a control of the test's power, not of the product: `pytest -m slow`
 def test_chi_square_detects_a_misreported_draft_distribution(target, monkeypatch):
     """Negative control: drafting greedily while reporting the sampling distribution (a plausible bug) is caught.
 
@@ -211,6 +213,7 @@ def test_chi_square_detects_a_misreported_draft_distribution(target, monkeypatch
         assert_matches(samples, exact_distribution(target, SETTINGS["temperature"]))
 
 
+@pytest.mark.slow  # a control of the test's power, not of the product: `pytest -m slow`
 def test_chi_square_detects_a_cut_at_the_sampled_token(target, monkeypatch):
     """Negative control for the adaptive length: cutting at the first draft whose *sampled* token is unlikely (instead
     of the row's top probability) changes which tokens can be proposed, and the test sees the bias."""
