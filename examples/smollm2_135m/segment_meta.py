@@ -1,0 +1,47 @@
+"""Write a training run's `segment.json` once, before it trains: the command, the data, a note, the start and the
+machine. `chain_curves.py` copies it into the training record, so the record says how the run was made even when the
+run folder is gone (a later session's machine may not have it).
+
+    python examples/smollm2_135m/segment_meta.py FOLDER NOTE DATA COMMAND...
+
+A folder that already has one keeps it (a resumed run is the same segment).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+
+def cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def main(folder: str, note: str, data: str, *command: str) -> None:
+    path = Path(folder) / "segment.json"
+    if path.is_file():
+        return
+    if not command:
+        sys.exit("segment_meta.py: give the training command after FOLDER NOTE DATA")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    threads = os.environ.get("OMP_NUM_THREADS", "unset")
+    meta = {"command": f"OMP_NUM_THREADS={threads} {shlex.join(command)}", "data": data, "note": note,
+            "wall": f"started {started} on {cpu_model()}; its train_runtime is in the run's trainer_state.json"}
+    path.write_text(json.dumps(meta, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 5:
+        sys.exit(__doc__)
+    main(*sys.argv[1:])
