@@ -147,6 +147,58 @@ def test_a_cut_off_last_line_is_measured_again_and_damage_is_an_error(models, tm
         _bench(models, out, settings=settings, resume=True)
 
 
+def test_shards_fill_one_journal_to_what_one_run_measures(models, tmp_path):
+    whole = _bench(models, tmp_path / "whole")
+    out = tmp_path / "sharded"
+    first = _bench(models, out, resume=True, shard=(1, 2))  # creates the journal, measures every other group
+    assert first["progress"] == {**first["progress"], "complete": False, "prompt_groups": 4} and not first["overhead"]
+    second = _bench(models, out, resume=True, shard=(2, 2))
+    assert second["progress"]["complete"] and second["overhead"]  # the last shard to finish reports every group
+    assert _measured(second) == _measured(whole) and len(second["runs"]) == 24
+    groups = [json.loads(line)["group"] for line in (out / FILE_NAME).read_text().splitlines()[1:] if '"group"' in line]
+    by_segment = {}
+    for group in groups:
+        by_segment.setdefault(group["segment"], []).append(group["index"])
+    whole_order = [json.loads(line)["group"]["index"] for line in (tmp_path / "whole" / FILE_NAME).read_text()
+                   .splitlines()[1:] if '"group"' in line]  # fmt: skip
+    assert by_segment == {1: whole_order[0::2], 2: whole_order[1::2]}  # the k-th of every n in measuring order
+    again = _bench(models, out, resume=True, shard=(1, 2))  # a finished share measures nothing more
+    assert len((out / FILE_NAME).read_text().splitlines()) == 1 + 2 + 8 and again["progress"]["complete"]
+    with pytest.raises(ValueError, match="1 <= k <= n"):
+        _bench(models, out, resume=True, shard=(3, 2))
+
+
+def _append_groups(path: str, worker: int, count: int) -> None:
+    """One of several processes recording fake groups into one journal at once."""
+    from carryover_hf.bench.journal import RunJournal
+
+    header = json.loads(open(path).readline())
+    journal = RunJournal.open(path.rsplit("/", 1)[0], header["measures"], resume=True)
+    for i in range(count):
+        journal.record({"temperature": 0.0, "prompt_id": f"w{worker}/{i}", "runs": [], "pad": "x" * 20000})
+
+
+def test_processes_sharing_a_journal_lose_and_garble_nothing(tmp_path):
+    import multiprocessing
+
+    from carryover_hf.bench.journal import RunJournal, read_journal
+
+    RunJournal.open(tmp_path, {"settings": {"x": 1}})
+    # fork: the children touch no torch state, and start in milliseconds (spawn re-imports torch in each)
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    workers = [context.Process(target=_append_groups, args=(str(tmp_path / FILE_NAME), w, 30)) for w in range(3)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+        assert worker.exitcode == 0
+    _, segments, groups = read_journal(tmp_path / FILE_NAME)
+    assert sorted(s["segment"] for s in segments) == [1, 2, 3]  # one number per process, none repeated
+    assert sorted(g["prompt_id"] for g in groups) == sorted(f"w{w}/{i}" for w in range(3) for i in range(30))
+    numbers = {w: {g["segment"] for g in groups if g["prompt_id"].startswith(f"w{w}/")} for w in range(3)}
+    assert sorted(n for ns in numbers.values() for n in ns) == [1, 2, 3]  # each process's groups carry its number
+
+
 def test_prompts_are_measured_round_robin_over_categories():
     prompts = [Prompt(id=str(i), category=c, input_ids=[1]) for i, c in enumerate("aaabbc")]
     assert runner_module._interleaved_by_category(prompts) == [0, 3, 5, 1, 4, 2]

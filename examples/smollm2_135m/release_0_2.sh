@@ -129,7 +129,8 @@ step_republish() {
 }
 
 # bench kind temperature backoffs methods...: the continued and carryover drafters of one kind, 20 held-out prompts
-# per category, 128 new tokens, one thread; MINUTES bounds one call. The journal's fingerprint holds the
+# per category, 128 new tokens, one thread; MINUTES bounds one call; SHARD=K/N makes the call one of N processes that
+# fill the journal side by side (e.g. SHARD=1/2 and SHARD=2/2 on two cores). The journal's fingerprint holds the
 # --keep_methods list as given, order included: a step's list is fixed.
 bench() {
   local kind=$1 temperature=$2 backoffs=$3; shift 3
@@ -142,7 +143,7 @@ bench() {
     --keep_methods "$@" \
     --prompts assets/prompts --split eval --num_prompts 20 --max_new_tokens 128 --temperatures "$temperature" \
     --threads 1 --warmup 1 --seed 0 --no_progress --output_dir "$output" \
-    --resume ${MINUTES:+--stop_after_minutes "$MINUTES"}
+    --resume ${MINUTES:+--stop_after_minutes "$MINUTES"} ${SHARD:+--shard "$SHARD"}
 }
 KEEP=(prompt_lookup carryover/dflash_native carryover/carry_off carryover/carry_on)
 step_bench_t0() {

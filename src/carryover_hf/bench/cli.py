@@ -68,6 +68,12 @@ class BenchArguments:
         metadata={"help": "Start no prompt after this many minutes; the report covers what was measured and says so "
                   "(continue later with --resume). Default: run to the end."},
     )
+    shard: str | None = field(
+        default=None,
+        metadata={"help": "K/N: measure only the K-th of N shares of the prompt groups, so that N processes (each with "
+                  "this option, the same command and --resume) fill one --output_dir side by side; each prompt's "
+                  "methods still run back to back in one process. The report covers every group in the journal."},
+    )
     chat_template: bool = field(default=True, metadata={"help": "Wrap text prompts in the tokenizer's chat template."})
     progress: bool = field(default=True, metadata={"help": "Show progress bars."})
     tiny_block_size: int = field(default=4, metadata={"help": "Block size of 'tiny' drafters."})
@@ -91,6 +97,19 @@ def _device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but CUDA is not available; use --device cpu")
     return device
+
+
+def _shard(spec: str | None, resume: bool) -> tuple[int, int] | None:
+    """'K/N' -> (K, N), checked before anything is loaded."""
+    if spec is None:
+        return None
+    k, slash, n = spec.partition("/")
+    if not (slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise ValueError(f"--shard takes K/N with 1 <= K <= N (e.g. 1/2 and 2/2 for two processes), got {spec!r}")
+    if int(n) > 1 and not resume:
+        raise ValueError("--shard K/N with N > 1 needs --resume (and the same --output_dir in every shard): the "
+                         "shards add to one journal")
+    return int(k), int(n)
 
 
 def _drafter_spec(spec: str) -> tuple[str, str]:
@@ -146,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--resume needs the --output_dir of the run to continue")
         if args.stop_after_minutes is not None and args.stop_after_minutes <= 0:
             raise ValueError(f"--stop_after_minutes must be positive, got {args.stop_after_minutes}")
+        shard = _shard(args.shard, args.resume)
         if args.output_dir is not None:
             RunJournal.check_can_open(args.output_dir, args.resume, args.overwrite)  # before minutes of loading
         device = _device(args.device)
@@ -218,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             resume=args.resume,
             overwrite=args.overwrite,
             time_limit=None if args.stop_after_minutes is None else 60 * args.stop_after_minutes,
+            shard=shard,
         )
     except CorrectnessError as error:
         print(f"carryover-hf bench: {error}", file=sys.stderr)
@@ -226,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"carryover-hf bench: {error}", file=sys.stderr)
         return 2
     progress = report["progress"]
-    if not progress["complete"]:
+    if not progress["complete"] and args.shard is not None:
+        print(f"Shard {args.shard}: {progress['prompt_groups']} of {progress['prompt_groups_total']} prompt groups in "
+              "the journal. Rerun the same command to continue its share; the report is complete when every shard's "
+              "share is measured.")
+    elif not progress["complete"]:
         print(
             f"Stopped after {args.stop_after_minutes:g} minutes: {progress['prompt_groups']} of "
             f"{progress['prompt_groups_total']} prompt groups measured. "

@@ -15,18 +15,29 @@ Lines:
 
 A line cut off by a killed process is dropped on reading (it is the group that was being written; it is measured
 again), anything else that does not parse is an error.
+
+Several processes may fill one journal side by side (`carryover-hf bench --shard K/N`, each measuring its own share
+of the prompt groups): reading, truncating and appending hold an exclusive lock on the file (POSIX `flock`), each
+process numbers its segment by the segment lines already there, and `refresh` reads the others' groups back before a
+report is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..utils import json_fingerprint
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: one process per journal
+    fcntl = None
 
 SCHEMA = "carryover-hf-bench-journal/1"
 FILE_NAME = "runs.jsonl"
@@ -40,6 +51,25 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[IO[bytes]]:
+    """The journal file opened for reading and writing (binary), under an exclusive lock for the block (other
+    processes sharing the journal wait)."""
+    with open(path, "rb+") as handle:
+        if fcntl is not None:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield handle
+        finally:
+            if fcntl is not None:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def parallel_journals_supported() -> bool:
+    """Whether several processes may share a journal here (file locks: POSIX only)."""
+    return fcntl is not None
+
+
 class RunJournal:
     """`<output_dir>/runs.jsonl`: open it with `RunJournal.open(...)`, then `record(group)` after each group."""
 
@@ -48,7 +78,7 @@ class RunJournal:
         self.measures = dict(measures)
         self.groups = groups  # (temperature, prompt_id) -> group dict, the finished ones
         self.segments = segments
-        self._segment_started = False
+        self._segment: int | None = None  # this process's segment number, once it has one
 
     @staticmethod
     def check_can_open(output_dir: str | os.PathLike, resume: bool = False, overwrite: bool = False) -> None:
@@ -74,16 +104,22 @@ class RunJournal:
         cls.check_can_open(output_dir, resume, overwrite)
         path = Path(output_dir) / FILE_NAME
         measures = json.loads(json.dumps(dict(measures), default=str))  # the form it takes on disk
-        if path.is_file() and resume:
-            return cls._read(path, measures)
-        path.parent.mkdir(parents=True, exist_ok=True)
         header = {"journal": SCHEMA, "created": _now(), "fingerprint": json_fingerprint(measures), "measures": measures}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if resume:
+            try:  # a new journal; with --resume another shard may have created it a moment ago
+                with open(path, "x") as handle:
+                    handle.write(json.dumps(header) + "\n")
+                return cls(path, measures, {}, [])
+            except FileExistsError:
+                return cls._read(path, measures)
         path.write_text(json.dumps(header) + "\n")
         return cls(path, measures, {}, [])
 
     @classmethod
     def _read(cls, path: Path, measures: Mapping[str, Any]) -> "RunJournal":
-        complete, tail = _split_lines(path)
+        with _locked(path) as handle:  # read only: a cut-off last line goes when this process first records
+            complete = _whole_lines(handle, cut_tail=False)
         header = _header(path, complete)
         if header["fingerprint"] != json_fingerprint(measures):
             theirs = header["measures"]
@@ -94,11 +130,15 @@ class RunJournal:
             )
         segments, group_list = _entries(path, complete)
         groups = {(float(g["temperature"]), g["prompt_id"]): g for g in group_list}
-        if tail:
-            # The process was killed while writing a group: that group is measured again.
-            with open(path, "r+") as handle:
-                handle.truncate(sum(len(line) + 1 for line in complete))
         return cls(path, header["measures"], groups, segments)
+
+    def refresh(self) -> None:
+        """Read back the groups that other processes sharing this journal have recorded since it was opened."""
+        with _locked(self.path) as handle:
+            complete = _whole_lines(handle, cut_tail=False)
+        segments, group_list = _entries(self.path, complete)
+        self.segments = segments
+        self.groups = {(float(g["temperature"]), g["prompt_id"]): g for g in group_list}
 
     def done(self, temperature: float, prompt_id: str) -> dict | None:
         return self.groups.get((float(temperature), prompt_id))
@@ -106,24 +146,39 @@ class RunJournal:
     def record(self, group: Mapping[str, Any], command: str | None = None, machine: str | None = None) -> None:
         """Append a finished prompt group (and, before the first one of this invocation, a segment line with the
         command and the machine that timed it)."""
-        entries = []
-        if not self._segment_started:
-            segment = {"segment": len(self.segments) + 1, "started": _now(), "command": command, "machine": machine}
-            self.segments.append(segment)
-            entries.append(segment)
-            self._segment_started = True
-        group = {**group, "finished": _now(), "segment": len(self.segments)}
-        entries.append({"group": group})
-        with open(self.path, "a") as handle:
-            handle.write("".join(json.dumps(e) + "\n" for e in entries))
+        with _locked(self.path) as handle:
+            complete = _whole_lines(handle)
+            entries = []
+            if self._segment is None:
+                # Numbered after the segment lines already there (a shard running beside this one may have added one).
+                number = 1 + len(_entries(self.path, complete)[0])
+                segment = {"segment": number, "started": _now(), "command": command, "machine": machine}
+                self.segments.append(segment)
+                entries.append(segment)
+                self._segment = number
+            group = {**group, "finished": _now(), "segment": self._segment}
+            entries.append({"group": group})
+            handle.seek(0, os.SEEK_END)
+            handle.write("".join(json.dumps(e) + "\n" for e in entries).encode())
             handle.flush()
             os.fsync(handle.fileno())
         self.groups[(float(group["temperature"]), group["prompt_id"])] = group
 
 
-def _split_lines(path: Path) -> tuple[list[str], str]:
-    lines = path.read_text().split("\n")
+def _split_text(text: str) -> tuple[list[str], str]:
+    lines = text.split("\n")
     return lines[:-1], lines[-1]  # a whole line ends in a newline; the tail is a cut-off write
+
+
+def _whole_lines(handle: IO[bytes], cut_tail: bool = True) -> list[str]:
+    """The whole lines of a locked journal; a cut-off last line (a process killed while writing a group: that group
+    is measured again) is removed from the file with `cut_tail`."""
+    handle.seek(0)
+    data = handle.read()
+    complete, tail = _split_text(data.decode())
+    if tail and cut_tail:
+        handle.truncate(len(data) - len(tail.encode()))
+    return complete
 
 
 def _header(path: Path, complete: list[str]) -> dict[str, Any]:
@@ -156,8 +211,8 @@ def read_journal(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict], l
     """A journal's header, segment lines and finished prompt groups, read only (for analyses of a run: a cut-off last
     line is left out here and left in place)."""
     path = Path(path)
-    complete, _ = _split_lines(path)
+    complete, _ = _split_text(path.read_text())
     return (_header(path, complete), *_entries(path, complete))
 
 
-__all__ = ["FILE_NAME", "JournalError", "RunJournal", "read_journal"]
+__all__ = ["FILE_NAME", "JournalError", "RunJournal", "parallel_journals_supported", "read_journal"]

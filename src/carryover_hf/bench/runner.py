@@ -518,6 +518,7 @@ def run_benchmark(
     resume: bool = False,
     overwrite: bool = False,
     time_limit: float | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Benchmark `drafters` (name -> drafter) against the target alone and its peers; returns the report dict.
 
@@ -525,6 +526,9 @@ def run_benchmark(
     and journals every finished prompt group in `runs.jsonl` (`carryover_hf.bench.journal`): with `resume` a run of
     the same benchmark continues where it stopped, with `overwrite` it starts again. With `time_limit` (seconds) no
     prompt group starts after that long; the report then covers the groups measured so far and says so.
+    With `shard=(k, n)` (1 <= k <= n) this process measures the k-th of n shares of the prompt groups (every n-th in
+    measuring order, from the k-th), so n processes, started alike with `resume`, fill one journal side by side; each
+    group's methods still run back to back in one process. The report covers every group in the journal.
     A greedy output that fails the correctness gate has its speed withheld from the report; with
     `settings.fail_on_mismatch` a `CorrectnessError` is raised after the report is written.
     """
@@ -532,6 +536,7 @@ def run_benchmark(
 
     settings = settings or BenchmarkSettings()
     settings.validate()
+    _check_shard(shard, output_dir)
     _require_bench_extras()
     # Everything that can be wrong is checked before the first generate call.
     for name, drafter in drafters.items():
@@ -573,12 +578,10 @@ def run_benchmark(
         measures = _measures(target, drafters, methods, prompts, encoded, settings, tolerance, run_info)
         journal = RunJournal.open(output_dir, measures, resume=resume, overwrite=overwrite)
     finished: dict[tuple[float, str], dict[str, Any]] = dict(journal.groups) if journal else {}
-    pending = [
-        (float(temperature), index)
-        for temperature in settings.temperatures
-        for index in _interleaved_by_category(prompts)
-        if (float(temperature), prompts[index].id) not in finished
-    ]
+    order = [(float(t), index) for t in settings.temperatures for index in _interleaved_by_category(prompts)]
+    if shard is not None:  # this process's share, fixed by the position in the whole order (not in what is left)
+        order = order[shard[0] - 1 :: shard[1]]
+    pending = [(temperature, index) for temperature, index in order if (temperature, prompts[index].id) not in finished]
     started = time.perf_counter()
 
     if pending:
@@ -597,6 +600,9 @@ def run_benchmark(
             journal.record(group, command=(run_info or {}).get("command"), machine=timed_on)
         finished[(temperature, prompts[index].id)] = group
     bar.close()
+    if journal is not None:  # the groups that processes sharing the journal measured meanwhile
+        journal.refresh()
+        finished = dict(journal.groups)
 
     complete = len(finished) == len(settings.temperatures) * len(prompts)
     overhead = {}
@@ -636,6 +642,20 @@ def run_benchmark(
             f"First: {failures[0]}" + (f". Report written to {output_dir}" if output_dir else "")
         )
     return report
+
+
+def _check_shard(shard: tuple[int, int] | None, output_dir: str | None) -> None:
+    from .journal import parallel_journals_supported
+
+    if shard is None:
+        return
+    k, n = shard
+    if not (isinstance(k, int) and isinstance(n, int) and 1 <= k <= n):
+        raise ValueError(f"shard must be (k, n) with 1 <= k <= n, got {shard!r}")
+    if output_dir is None:
+        raise ValueError("a shard needs an output_dir: the shards of a run share its journal")
+    if n > 1 and not parallel_journals_supported():
+        raise ValueError("shards share a journal through POSIX file locks, which this platform lacks; run one process")
 
 
 def _interleaved_by_category(prompts: Sequence[Prompt]) -> list[int]:
