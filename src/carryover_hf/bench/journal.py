@@ -147,7 +147,10 @@ class RunJournal:
         """Append a finished prompt group (and, before the first one of this invocation, a segment line with the
         command and the machine that timed it)."""
         with _locked(self.path) as handle:
-            complete = _whole_lines(handle)
+            end = handle.seek(0, os.SEEK_END)
+            handle.seek(max(end - 1, 0))
+            # Read whole only when needed: a cut-off tail to remove, or this process's first segment line to number.
+            complete = _whole_lines(handle) if handle.read(1) != b"\n" or self._segment is None else None
             entries = []
             if self._segment is None:
                 # Numbered after the segment lines already there (a shard running beside this one may have added one).
