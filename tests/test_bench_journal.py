@@ -166,6 +166,8 @@ def test_shards_fill_one_journal_to_what_one_run_measures(models, tmp_path):
     assert len((out / FILE_NAME).read_text().splitlines()) == 1 + 2 + 8 and again["progress"]["complete"]
     with pytest.raises(ValueError, match="1 <= k <= n"):
         _bench(models, out, resume=True, shard=(3, 2))
+    with pytest.raises(ValueError, match="run every shard with resume=True"):
+        _bench(models, tmp_path / "new", shard=(1, 2))
 
 
 def _append_groups(path: str, worker: int, count: int) -> None:

@@ -536,7 +536,7 @@ def run_benchmark(
 
     settings = settings or BenchmarkSettings()
     settings.validate()
-    _check_shard(shard, output_dir)
+    _check_shard(shard, output_dir, resume)
     _require_bench_extras()
     # Everything that can be wrong is checked before the first generate call.
     for name, drafter in drafters.items():
@@ -644,7 +644,7 @@ def run_benchmark(
     return report
 
 
-def _check_shard(shard: tuple[int, int] | None, output_dir: str | None) -> None:
+def _check_shard(shard: tuple[int, int] | None, output_dir: str | None, resume: bool) -> None:
     from .journal import parallel_journals_supported
 
     if shard is None:
@@ -654,6 +654,8 @@ def _check_shard(shard: tuple[int, int] | None, output_dir: str | None) -> None:
         raise ValueError(f"shard must be (k, n) with 1 <= k <= n, got {shard!r}")
     if output_dir is None:
         raise ValueError("a shard needs an output_dir: the shards of a run share its journal")
+    if n > 1 and not resume:
+        raise ValueError("shards of a run add to one journal: run every shard with resume=True")
     if n > 1 and not parallel_journals_supported():
         raise ValueError("shards share a journal through POSIX file locks, which this platform lacks; run one process")
 
