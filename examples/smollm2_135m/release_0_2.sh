@@ -22,8 +22,9 @@
 #
 # Every training step resumes from its last checkpoint while its run folder lasts. One thread per process (two
 # processes on a 2-core machine run side by side; THREADS=2 gives a step both cores). The features step takes about
-# 3.5 CPU-s a row and the carryover steps about 12 CPU-s a step, so the Markov trio from a fresh machine is about
-# 5 core-hours: features, then markov_baseline, then markov_continued and markov_carryover side by side.
+# 3.5 CPU-s a row and the carryover steps about 12 CPU-s a step on the Intel Xeon, so the Markov trio from a fresh
+# machine is about 5 core-hours there: features, then markov_baseline, then markov_continued and markov_carryover side
+# by side (the AMD EPYC machine of 2026-12-02 built features at 4.3 s a row with two threads, about 2.5x the CPU-s).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
