@@ -12,19 +12,17 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import shlex
 import sys
 from pathlib import Path
 
+import torch
+
+from carryover_hf.bench.report import machine  # the benchmark journal's name of the machine, the same reading
+
 
 def cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    return machine(torch.device("cpu"))
 
 
 def main(folder: str, note: str, data: str, *command: str) -> None:
