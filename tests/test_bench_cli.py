@@ -118,8 +118,9 @@ def test_cli_tiny_smoke_run_writes_a_report(tmp_path, suite):
         (["--target", "tiny", "--output_dir", "x", "--resume", "--overwrite"], "exclude each other"),
         (["--target", "tiny", "--stop_after_minutes", "0"], "--stop_after_minutes must be positive"),
         (["--target", "tiny", "--output_dir", "x", "--resume", "--shard", "2"], "--shard takes K/N"),
-        (["--target", "tiny", "--output_dir", "x", "--resume", "--shard", "3/2"], "--shard takes K/N"),
-        (["--target", "tiny", "--output_dir", "x", "--shard", "1/2"], "needs --resume"),
+        (["--target", "tiny", "--output_dir", "x", "--resume", "--shard", "3/2"], "a shard is K/N with 1 <= K <= N"),
+        (["--target", "tiny", "--output_dir", "x", "--shard", "1/2"], "run every shard with resume=True (--resume)"),
+        (["--target", "tiny", "--shard", "1/2"], "a shard needs an output_dir (--output_dir)"),
     ],
 )
 def test_cli_rejects_bad_input(argv, message, capsys):

@@ -15,7 +15,7 @@ from transformers import HfArgumentParser
 from ..cpu_kernels import apply_cpu_kernels, resolve_cpu_kernels
 from .journal import JournalError, RunJournal
 from .prompts import default_suite_dir, load_prompts, tiny_prompts
-from .runner import BenchmarkSettings, CorrectnessError, run_benchmark
+from .runner import BenchmarkSettings, CorrectnessError, check_shard, run_benchmark
 
 TINY_DRAFTERS = ("tiny", "tiny-markov")
 EXAMPLES = """examples:
@@ -99,16 +99,13 @@ def _device(name: str) -> torch.device:
     return device
 
 
-def _shard(spec: str | None, resume: bool) -> tuple[int, int] | None:
-    """'K/N' -> (K, N), checked before anything is loaded."""
+def _shard(spec: str | None) -> tuple[int, int] | None:
+    """'K/N' -> (K, N); `run_benchmark`'s own check (`check_shard`) runs on it before anything is loaded."""
     if spec is None:
         return None
     k, slash, n = spec.partition("/")
-    if not (slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+    if not (slash and k.isdigit() and n.isdigit()):
         raise ValueError(f"--shard takes K/N with 1 <= K <= N (e.g. 1/2 and 2/2 for two processes), got {spec!r}")
-    if int(n) > 1 and not resume:
-        raise ValueError("--shard K/N with N > 1 needs --resume (and the same --output_dir in every shard): the "
-                         "shards add to one journal")
     return int(k), int(n)
 
 
@@ -165,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--resume needs the --output_dir of the run to continue")
         if args.stop_after_minutes is not None and args.stop_after_minutes <= 0:
             raise ValueError(f"--stop_after_minutes must be positive, got {args.stop_after_minutes}")
-        shard = _shard(args.shard, args.resume)
+        shard = _shard(args.shard)
+        check_shard(shard, args.output_dir, args.resume)
         if args.output_dir is not None:
             RunJournal.check_can_open(args.output_dir, args.resume, args.overwrite)  # before minutes of loading
         device = _device(args.device)

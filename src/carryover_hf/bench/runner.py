@@ -536,7 +536,7 @@ def run_benchmark(
 
     settings = settings or BenchmarkSettings()
     settings.validate()
-    _check_shard(shard, output_dir, resume)
+    check_shard(shard, output_dir, resume)
     _require_bench_extras()
     # Everything that can be wrong is checked before the first generate call.
     for name, drafter in drafters.items():
@@ -644,18 +644,19 @@ def run_benchmark(
     return report
 
 
-def _check_shard(shard: tuple[int, int] | None, output_dir: str | None, resume: bool) -> None:
+def check_shard(shard: tuple[int, int] | None, output_dir: str | None, resume: bool) -> None:
+    """Refuses a shard (k, n) that cannot add to a run journal; the CLI's `--shard K/N` is checked here too."""
     from .journal import parallel_journals_supported
 
     if shard is None:
         return
     k, n = shard
     if not (isinstance(k, int) and isinstance(n, int) and 1 <= k <= n):
-        raise ValueError(f"shard must be (k, n) with 1 <= k <= n, got {shard!r}")
+        raise ValueError(f"a shard is K/N with 1 <= K <= N (e.g. 1/2 and 2/2 for two processes), got {shard!r}")
     if output_dir is None:
-        raise ValueError("a shard needs an output_dir: the shards of a run share its journal")
+        raise ValueError("a shard needs an output_dir (--output_dir): the shards of a run share its journal")
     if n > 1 and not resume:
-        raise ValueError("shards of a run add to one journal: run every shard with resume=True")
+        raise ValueError("shards of a run add to one journal: run every shard with resume=True (--resume)")
     if n > 1 and not parallel_journals_supported():
         raise ValueError("shards share a journal through POSIX file locks, which this platform lacks; run one process")
 
