@@ -119,9 +119,13 @@ def test_release_step_trains_publishes_and_records_a_continuation(tmp_path):
     assert result.returncode == 0, result.stderr
     calls = (tmp_path / "calls").read_text().splitlines()
     assert calls[0].startswith("train ") and "--objective dflash" in calls[0] and "--seed 7" in calls[0]
+    # the Markov pair's smaller store: one epoch of the first 360 training rows, 90 steps, the decay over 25
+    assert "--max_train_samples 360 --max_steps 90" in calls[0] and '"num_decay_steps": 25' in calls[0]
     assert calls[1].startswith("push ") and "--carry off" in calls[1]
+    assert "one epoch of the first 360 of those rows (rows 0-229 and 256-385 of the run)" in calls[1]
     segment = json.loads((tmp_path / "runs/markov-continued/segment.json").read_text())
     assert segment["command"].startswith("OMP_NUM_THREADS=1 carryover-hf train ") and "2,150 rows" in segment["data"]
+    assert "first 360 of those rows" in segment["data"] and "--max_train_samples 360" in segment["command"]
     assert (tree / "drafters/carryover-hf/smollm2-135m-continued-markov/README.md").is_file()
     record = json.loads((tree / "benchmarks/results/smollm2-135m-0.2-training/markov-continued.json").read_text())
     assert record["total_steps"] == 6640 and record["eval"][0]["step"] == 6640

