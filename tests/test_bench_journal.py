@@ -164,7 +164,7 @@ def test_shards_fill_one_journal_to_what_one_run_measures(models, tmp_path):
     assert by_segment == {1: whole_order[0::2], 2: whole_order[1::2]}  # the k-th of every n in measuring order
     again = _bench(models, out, resume=True, shard=(1, 2))  # a finished share measures nothing more
     assert len((out / FILE_NAME).read_text().splitlines()) == 1 + 2 + 8 and again["progress"]["complete"]
-    with pytest.raises(ValueError, match="1 <= k <= n"):
+    with pytest.raises(ValueError, match="1 <= K <= N"):
         _bench(models, out, resume=True, shard=(3, 2))
     with pytest.raises(ValueError, match="run every shard with resume=True"):
         _bench(models, tmp_path / "new", shard=(1, 2))
