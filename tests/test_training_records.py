@@ -130,3 +130,55 @@ def test_release_step_trains_publishes_and_records_a_continuation(tmp_path):
     record = json.loads((tree / "benchmarks/results/smollm2-135m-0.2-training/markov-continued.json").read_text())
     assert record["total_steps"] == 6640 and record["eval"][0]["step"] == 6640
     assert record["segments"][0]["note"] == segment["note"] and record["segments"][0]["train_runtime_s"] == 600.0
+
+
+def _journal_commands(journal: Path) -> set[tuple[str, ...]]:
+    """The `carryover-hf bench` arguments each segment of a committed journal ran with, less the per-call bounds."""
+    commands = set()
+    for line in journal.read_text().splitlines():
+        entry = json.loads(line)
+        if "command" not in entry:
+            continue
+        words, kept = entry["command"].split()[2:], []  # drop "carryover-hf bench"
+        while words:
+            word = words.pop(0)
+            if word in ("--stop_after_minutes", "--shard"):
+                words.pop(0)
+            else:
+                kept.append(word)
+        commands.add(tuple(kept))
+    return commands
+
+
+def test_release_bench_steps_resume_their_committed_journals(tmp_path):
+    """Every bench step of release_0_2.sh passes `carryover-hf bench` exactly the arguments its committed journal ran
+    with (a journal's fingerprint holds them, so any change would refuse to resume it); the Markov T = 1 step is its
+    T = 0 step at the other temperature, into a journal of its own."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "carryover-hf").write_text(FAKE_CLI)
+    (bin_dir / "carryover-hf").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls")}
+    env.pop("MINUTES", None), env.pop("SHARD", None)
+    steps = ["bench_t0", "bench_t1", "bench_markov_t0", "bench_markov_t1"]
+    result = subprocess.run(["bash", str(root / "examples/smollm2_135m/release_0_2.sh"), *steps], env=env,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = (tmp_path / "calls").read_text().splitlines()
+    assert len(lines) == len(steps) and all(line.startswith("bench ") for line in lines)
+    calls = [tuple(line.split()[1:]) for line in lines]
+    results = root / "benchmarks/results"
+    for call, folder in zip(calls[:3], ["smollm2-135m-0.2-t0", "smollm2-135m-0.2-t1", "smollm2-135m-0.2-markov-t0"]):
+        journal = results / folder / "runs.jsonl"
+        if not journal.exists():  # the Markov T = 0 journal lands with its first measured groups
+            continue
+        assert _journal_commands(journal) == {call}, folder
+    markov_t0, markov_t1 = calls[2], calls[3]
+    swap = {"0": "1", "benchmarks/results/smollm2-135m-0.2-markov-t0": "benchmarks/results/smollm2-135m-0.2-markov-t1"}
+    index = markov_t0.index("--temperatures") + 1
+    expected = tuple(swap.get(word, word) if i in (index, markov_t0.index("--output_dir") + 1) else word
+                     for i, word in enumerate(markov_t0))  # fmt: skip
+    assert markov_t1 == expected

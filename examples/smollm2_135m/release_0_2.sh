@@ -4,7 +4,7 @@
 #
 #   bash examples/smollm2_135m/release_0_2.sh [step ...]
 #   steps: features continued carryover markov_baseline markov_continued markov_carryover publish republish bench_t0
-#          bench_t1 cards bench_markov_t0 markov_cards
+#          bench_t1 cards bench_markov_t0 bench_markov_t1 markov_cards
 #
 # Where each piece comes from:
 # * the dflash baseline is committed (assets/training-state/smollm2-135m-dflash-b4-baseline/, 4,700 steps in four
@@ -182,9 +182,10 @@ step_bench_t1() {
 }
 # The Markov pair at T = 0, in a run of its own (the dflash run's method list is fixed by its journal): the carryover
 # question (carryover drafter with carry on against the continued baseline with carry off) and the shipped setting.
-step_bench_markov_t0() {
-  bench markov 0 8 prompt_lookup carryover/carry_on continued/carry_off 'carryover/carry_on+backoff8+lookup10'
-}
+MARKOV_KEEP=(prompt_lookup carryover/carry_on continued/carry_off 'carryover/carry_on+backoff8+lookup10')
+step_bench_markov_t0() { bench markov 0 8 "${MARKOV_KEEP[@]}"; }
+# T = 1 with the same methods, so the two temperatures compare method for method (the shipped defaults, backoff 8)
+step_bench_markov_t1() { bench markov 1 8 "${MARKOV_KEEP[@]}"; }
 
 NOTE="Held-out eval prompts of assets/prompts (20 per category), 128 new tokens, SmolLM2-135M-Instruct in float32 on \
 a 2-core AVX2 CPU, 1 thread, CPU kernels on. tau = mean accepted tokens per round (bonus included); speedup = decode \
@@ -217,7 +218,7 @@ step_markov_cards() {
 {
   steps=("$@")
   [ ${#steps[@]} -gt 0 ] || steps=(features continued carryover markov_baseline markov_continued markov_carryover
-    publish republish bench_t0 bench_t1 cards bench_markov_t0 markov_cards)
+    publish republish bench_t0 bench_t1 cards bench_markov_t0 bench_markov_t1 markov_cards)
   for step in "${steps[@]}"; do
     echo "== $step"; "step_$step"
   done
