@@ -3,7 +3,9 @@
 Every run trains a new drafter from offline features (`carryover-hf features` stores) with the dflash objective for
 the same CPU-time budget, one thread, and evaluates held-out teacher-forced tau and first-position accuracy at fixed
 CPU-time marks. The runs share the data, the anchor draw and the seed; they differ in one lever each against the
-`base` run. Results: `<output>/learning_efficiency.json` (curves, settings, command), `.md` (table), `.png` (plot).
+`base` run (`--base first`: the first sweep's settings; `--base recipe`: the shipped 0.2 recipe). Results:
+`<output>/learning_efficiency.json` (curves, settings, commands), `.md` (table), `.png` (plot); several processes
+(one per core) may add their runs to one output.
 
     python benchmarks/learning_efficiency.py --train-features runs/features-train --eval-features runs/features-eval \
         --budget 240 --runs base vocab_4096 vocab_full init_norm distill_kl markov depth_2 block_4 block_16 lr_3e-3
@@ -20,8 +22,12 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results" / "learning-efficiency"
 
-BASE = dict(block=8, layers=1, vocab=8192, init_norm=False, init_layer=None, distillation=None, kind="dflash",
-            lr=1e-3, anchors=64, batch=4)  # fmt: skip
+BASE = dict(block=8, layers=1, vocab=8192, init_norm=False, init_layer=None, distillation=None, distill_weight=0.9,
+            kind="dflash", lr=1e-3, anchors=64, batch=4)  # fmt: skip
+# The 0.2 SmolLM2 drafters' recipe as a base (`--base recipe`): block 4, the target's final norm and last layer, 0.5 CE
+# + 0.5 KL to the stored top-k, lr 1.5e-3; the levers then move one thing away from what ships.
+BASES = {"first": {}, "recipe": dict(block=4, init_norm=True, init_layer=29, distillation="kl", distill_weight=0.5,
+                                     lr=1.5e-3)}  # fmt: skip
 RUNS = {
     "base": {},
     "vocab_4096": {"vocab": 4096},
@@ -35,6 +41,7 @@ RUNS = {
     "depth_2": {"layers": 2},
     "depth_3": {"layers": 3},
     "block_4": {"block": 4},
+    "block_8": {"block": 8},
     "block_16": {"block": 16},
     "lr_3e-4": {"lr": 3e-4},
     "lr_3e-3": {"lr": 3e-3},
@@ -47,7 +54,7 @@ def cpu_seconds() -> float:
     return time.process_time()
 
 
-def train_run(name, options, target, train, evaluation, budget, marks, seed):
+def train_run(name, options, target, train, evaluation, budget, marks, seed, base=BASE):
     import torch
 
     from carryover_hf import CarryoverDrafterConfig, CarryoverDrafterModel
@@ -57,7 +64,7 @@ def train_run(name, options, target, train, evaluation, budget, marks, seed):
     from carryover_hf.training.objectives import DrafterObjective
     from carryover_hf.training.vocabulary import draft_vocabulary, response_token_counts
 
-    o = {**BASE, **options}
+    o = {**base, **options}
     config = CarryoverDrafterConfig.from_target_config(
         target.config, num_hidden_layers=o["layers"], block_size=o["block"], drafter_type=o["kind"],
         target_layer_ids=train.target_layer_ids,
@@ -72,7 +79,7 @@ def train_run(name, options, target, train, evaluation, budget, marks, seed):
     drafter.carry_embedding.requires_grad_(False)
     objective = DrafterObjective(
         target, "dflash", gamma=default_gamma(o["block"]), distillation=o["distillation"],
-        distillation_weight=0.9 if o["distillation"] else 0.0,
+        distillation_weight=o["distill_weight"] if o["distillation"] else 0.0,
     )  # fmt: skip
     optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=o["lr"])
     collator = CarryoverDataCollator(num_anchors=o["anchors"], seed=seed)
@@ -129,6 +136,8 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=240.0, help="CPU-seconds of training per run")
     parser.add_argument("--marks", type=int, default=6, help="evaluations per run (evenly spread over the budget)")
     parser.add_argument("--runs", nargs="+", default=["base"], choices=list(RUNS))
+    parser.add_argument("--base", choices=list(BASES), default="first",
+                        help="what every lever changes one thing of: the first sweep's settings, or the shipped recipe")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=str(RESULTS))
     args = parser.parse_args()
@@ -140,24 +149,44 @@ def main() -> None:
     from carryover_hf.targets import load_target
     from carryover_hf.training.feature_store import FeatureStore
 
+    output = Path(args.output)
+    record_path = output / "learning_efficiency.json"
+    base = {**BASE, **BASES[args.base]}
+    _check_record(_read(record_path), base, args.budget, record_path)  # before the target loads
     train, evaluation = FeatureStore(args.train_features), FeatureStore(args.eval_features)
     target, _ = load_target(train.settings["target"], dtype=train.settings["target_dtype"])
     target.requires_grad_(False).eval()
     for store in (train, evaluation):
         store.check_compatible(train.target_layer_ids, target)
-    output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    record_path = output / "learning_efficiency.json"
-    record = json.loads(record_path.read_text()) if record_path.exists() else {"runs": {}}
-    record.update(
-        command="python " + " ".join(sys.argv), machine=platform.platform(), base=BASE, budget_cpu_seconds=args.budget,
-        train_features=train.settings, eval_features=evaluation.settings,
-    )  # fmt: skip
+    command = "python " + " ".join(sys.argv)
     marks = [args.budget * (i + 1) / args.marks for i in range(args.marks)]
     for name in args.runs:
-        record["runs"][name] = train_run(name, RUNS[name], target, train, evaluation, args.budget, marks, args.seed)
+        run = train_run(name, RUNS[name], target, train, evaluation, args.budget, marks, args.seed, base)
+        # Read again before writing: processes that share an output (one per core) each add their own runs.
+        record = _read(record_path)
+        _check_record(record, base, args.budget, record_path)
+        record.update(machine=platform.platform(), base=base, budget_cpu_seconds=args.budget,
+                      train_features=train.settings, eval_features=evaluation.settings)  # fmt: skip
+        earlier = record.get("commands", [record.get("command")])
+        record["commands"] = list(dict.fromkeys(c for c in [*earlier, command] if c))
+        record.pop("command", None)
+        record["runs"][name] = run
         record_path.write_text(json.dumps(record, indent=2) + "\n")  # after every run: a partial sweep is kept
-    write_report(record, output)
+    write_report(_read(record_path), output)
+
+
+def _read(record_path: Path) -> dict:
+    return json.loads(record_path.read_text()) if record_path.exists() else {"runs": {}}
+
+
+def _check_record(record: dict, base: dict, budget: float, record_path: Path) -> None:
+    """An output holds the runs of one base and one budget: a new sweep of either needs another --output."""
+    if record["runs"] and {**BASE, **record["base"]} != base:
+        raise SystemExit(f"{record_path} holds runs of another base ({record['base']}); give another --output")
+    if record["runs"] and record["budget_cpu_seconds"] != budget:
+        raise SystemExit(f"{record_path} holds runs of {record['budget_cpu_seconds']:g} CPU-seconds, not {budget:g}; "
+                         "give another --output")
 
 
 def write_report(record: dict, output: Path) -> None:
@@ -172,7 +201,8 @@ def write_report(record: dict, output: Path) -> None:
         last = run["curve"][-1]
         change = json.dumps(RUNS.get(name, {})) if RUNS.get(name) else "-"
         rows.append(f"| {name} | {change} | {run['steps']} | {last['tau']:.3f} | {last['acc_pos_01']:.3f} | {last['loss']:.3f} |")
-    rows += ["", f"Command: `{record['command']}`"]
+    commands = [c for c in record.get("commands", [record.get("command")]) if c]
+    rows += ["", "Commands (each process adds its runs to the record):", "", *[f"    {c}" for c in commands]]
     (output / "learning_efficiency.md").write_text("\n".join(rows) + "\n")
     print("\n".join(rows))
     try:

@@ -47,3 +47,18 @@ def test_a_kind_no_prompt_had_and_too_few_prompts_have_no_cost():
     lookup, drafter = sources.fit_round_costs(rounds, rounds[:, 1] * 1.8, resamples=50)
     assert lookup is None and drafter["steps"] == pytest.approx(1.8)
     assert sources.fit_round_costs(np.array([[3.0, 4.0], [1.0, 2.0]]), np.array([5.0, 2.0])) == [None, None]
+
+
+def test_learning_efficiency_outputs_hold_one_base_and_one_budget(tmp_path):
+    sweep = _load("learning_efficiency")
+    recipe = {**sweep.BASE, **sweep.BASES["recipe"]}
+    assert recipe["block"] == 4 and recipe["distillation"] == "kl" and recipe["distill_weight"] == 0.5
+    path = tmp_path / "learning_efficiency.json"
+    sweep._check_record(sweep._read(path), recipe, 600.0, path)  # a new output takes any sweep
+    # the committed first sweep (its base was recorded before distill_weight existed) still counts as `first`
+    first = sweep._read(SCRIPTS / "results" / "learning-efficiency" / "learning_efficiency.json")
+    sweep._check_record(first, dict(sweep.BASE), first["budget_cpu_seconds"], path)
+    with pytest.raises(SystemExit, match="holds runs of another base"):
+        sweep._check_record(first, recipe, first["budget_cpu_seconds"], path)
+    with pytest.raises(SystemExit, match="not 600; give another --output"):
+        sweep._check_record(first, dict(sweep.BASE), 600.0, path)
