@@ -26,8 +26,9 @@ BASE = dict(block=8, layers=1, vocab=8192, init_norm=False, init_layer=None, dis
             kind="dflash", lr=1e-3, anchors=64, batch=4)  # fmt: skip
 # The 0.2 SmolLM2 drafters' recipe as a base (`--base recipe`): block 4, the target's final norm and last layer, 0.5 CE
 # + 0.5 KL to the stored top-k, lr 1.5e-3; the levers then move one thing away from what ships.
-BASES = {"first": {}, "recipe": dict(block=4, init_norm=True, init_layer=29, distillation="kl", distill_weight=0.5,
-                                     lr=1.5e-3)}  # fmt: skip
+# init_layer "last": the drafter's layers start as copies of the target's last ones (the recipe's single layer is 29).
+BASES = {"first": {}, "recipe": dict(block=4, init_norm=True, init_layer="last", distillation="kl",
+                                     distill_weight=0.5, lr=1.5e-3)}  # fmt: skip
 RUNS = {
     "base": {},
     "vocab_4096": {"vocab": 4096},
@@ -72,6 +73,8 @@ def train_run(name, options, target, train, evaluation, budget, marks, seed, bas
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     drafter = CarryoverDrafterModel(config)
+    if o["init_layer"] == "last":
+        o["init_layer"] = target.config.num_hidden_layers - o["layers"]
     if o["init_norm"] or o["init_layer"] is not None:
         initialize_from_target(drafter, target, o["init_norm"], o["init_layer"])
     if o["vocab"] is not None:
