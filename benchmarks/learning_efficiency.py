@@ -171,8 +171,7 @@ def main() -> None:
         _check_record(record, base, args.budget, record_path)
         record.update(machine=platform.platform(), base=base, budget_cpu_seconds=args.budget,
                       train_features=train.settings, eval_features=evaluation.settings)  # fmt: skip
-        earlier = record.get("commands", [record.get("command")])
-        record["commands"] = list(dict.fromkeys(c for c in [*earlier, command] if c))
+        record["commands"] = list(dict.fromkeys([*_commands(record), command]))
         record.pop("command", None)
         record["runs"][name] = run
         record_path.write_text(json.dumps(record, indent=2) + "\n")  # after every run: a partial sweep is kept
@@ -181,6 +180,11 @@ def main() -> None:
 
 def _read(record_path: Path) -> dict:
     return json.loads(record_path.read_text()) if record_path.exists() else {"runs": {}}
+
+
+def _commands(record: dict) -> list[str]:
+    """The commands that made a record's runs (a record of the first sweep kept one, as `command`)."""
+    return [c for c in record.get("commands", [record.get("command")]) if c]
 
 
 def _check_record(record: dict, base: dict, budget: float, record_path: Path) -> None:
@@ -204,8 +208,7 @@ def write_report(record: dict, output: Path) -> None:
         last = run["curve"][-1]
         change = json.dumps(RUNS.get(name, {})) if RUNS.get(name) else "-"
         rows.append(f"| {name} | {change} | {run['steps']} | {last['tau']:.3f} | {last['acc_pos_01']:.3f} | {last['loss']:.3f} |")
-    commands = [c for c in record.get("commands", [record.get("command")]) if c]
-    rows += ["", "Commands (each process adds its runs to the record):", "", *[f"    {c}" for c in commands]]
+    rows += ["", "Commands (each process adds its runs to the record):", "", *[f"    {c}" for c in _commands(record)]]
     (output / "learning_efficiency.md").write_text("\n".join(rows) + "\n")
     print("\n".join(rows))
     try:

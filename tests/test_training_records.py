@@ -134,12 +134,11 @@ def test_release_step_trains_publishes_and_records_a_continuation(tmp_path):
 
 def _journal_commands(journal: Path) -> set[tuple[str, ...]]:
     """The `carryover-hf bench` arguments each segment of a committed journal ran with, less the per-call bounds."""
+    from carryover_hf.bench.journal import read_journal
+
     commands = set()
-    for line in journal.read_text().splitlines():
-        entry = json.loads(line)
-        if "command" not in entry:
-            continue
-        words, kept = entry["command"].split()[2:], []  # drop "carryover-hf bench"
+    for segment in read_journal(journal)[1]:
+        words, kept = segment["command"].split()[2:], []  # drop "carryover-hf bench"
         while words:
             word = words.pop(0)
             if word in ("--stop_after_minutes", "--shard"):
@@ -162,7 +161,8 @@ def test_release_bench_steps_resume_their_committed_journals(tmp_path):
     (bin_dir / "carryover-hf").write_text(FAKE_CLI)
     (bin_dir / "carryover-hf").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls")}
-    env.pop("MINUTES", None), env.pop("SHARD", None)
+    env.pop("MINUTES", None)
+    env.pop("SHARD", None)
     steps = ["bench_t0", "bench_t1", "bench_markov_t0", "bench_markov_t1"]
     result = subprocess.run(["bash", str(root / "examples/smollm2_135m/release_0_2.sh"), *steps], env=env,
                             capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -172,13 +172,8 @@ def test_release_bench_steps_resume_their_committed_journals(tmp_path):
     calls = [tuple(line.split()[1:]) for line in lines]
     results = root / "benchmarks/results"
     for call, folder in zip(calls[:3], ["smollm2-135m-0.2-t0", "smollm2-135m-0.2-t1", "smollm2-135m-0.2-markov-t0"]):
-        journal = results / folder / "runs.jsonl"
-        if not journal.exists():  # the Markov T = 0 journal lands with its first measured groups
-            continue
-        assert _journal_commands(journal) == {call}, folder
-    markov_t0, markov_t1 = calls[2], calls[3]
-    swap = {"0": "1", "benchmarks/results/smollm2-135m-0.2-markov-t0": "benchmarks/results/smollm2-135m-0.2-markov-t1"}
-    index = markov_t0.index("--temperatures") + 1
-    expected = tuple(swap.get(word, word) if i in (index, markov_t0.index("--output_dir") + 1) else word
-                     for i, word in enumerate(markov_t0))  # fmt: skip
-    assert markov_t1 == expected
+        assert _journal_commands(results / folder / "runs.jsonl") == {call}, folder
+    expected = list(calls[2])  # the Markov T = 0 call, at T = 1 into its own folder
+    expected[expected.index("--temperatures") + 1] = "1"
+    expected[expected.index("--output_dir") + 1] = "benchmarks/results/smollm2-135m-0.2-markov-t1"
+    assert calls[3] == tuple(expected)
