@@ -152,7 +152,7 @@ def _journal_commands(journal: Path) -> set[tuple[str, ...]]:
 def test_release_bench_steps_resume_their_committed_journals(tmp_path):
     """Every bench step of release_0_2.sh passes `carryover-hf bench` exactly the arguments its committed journal ran
     with (a journal's fingerprint holds them, so any change would refuse to resume it); the Markov T = 1 step is its
-    T = 0 step at the other temperature, into a journal of its own."""
+    T = 0 step at the other temperature, into a journal of its own (all four journals have landed)."""
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
@@ -171,7 +171,8 @@ def test_release_bench_steps_resume_their_committed_journals(tmp_path):
     assert len(lines) == len(steps) and all(line.startswith("bench ") for line in lines)
     calls = [tuple(line.split()[1:]) for line in lines]
     results = root / "benchmarks/results"
-    for call, folder in zip(calls[:3], ["smollm2-135m-0.2-t0", "smollm2-135m-0.2-t1", "smollm2-135m-0.2-markov-t0"]):
+    folders = ["smollm2-135m-0.2-t0", "smollm2-135m-0.2-t1", "smollm2-135m-0.2-markov-t0", "smollm2-135m-0.2-markov-t1"]
+    for call, folder in zip(calls, folders):
         assert _journal_commands(results / folder / "runs.jsonl") == {call}, folder
     expected = list(calls[2])  # the Markov T = 0 call, at T = 1 into its own folder
     expected[expected.index("--temperatures") + 1] = "1"
