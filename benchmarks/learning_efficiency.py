@@ -5,7 +5,9 @@ the same CPU-time budget, one thread, and evaluates held-out teacher-forced tau 
 CPU-time marks. The runs share the data, the anchor draw and the seed; they differ in one lever each against the
 `base` run (`--base first`: the first sweep's settings; `--base recipe`: the shipped 0.2 recipe). Results:
 `<output>/learning_efficiency.json` (curves, settings, commands), `.md` (table), `.png` (plot); several processes
-(one per core) may add their runs to one output.
+(one per core) may add their runs to one output. Cheaper data: `--read-features` (a store of `carryover-hf prompts
+reading` rows, labelled by the target's stored top-k) for the `read_only` and `read_mixed` runs, `kl_only` their
+control on the regenerated rows.
 
     python benchmarks/learning_efficiency.py --train-features runs/features-train --eval-features runs/features-eval \
         --budget 240 --runs base vocab_4096 vocab_full init_norm distill_kl markov depth_2 block_4 block_16 lr_3e-3
@@ -23,7 +25,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results" / "learning-efficiency"
 
 BASE = dict(block=8, layers=1, vocab=8192, init_norm=False, init_layer=None, distillation=None, distill_weight=0.9,
-            kind="dflash", lr=1e-3, anchors=64, batch=4)  # fmt: skip
+            kind="dflash", lr=1e-3, anchors=64, batch=4, data="regenerated")  # fmt: skip
 # The 0.2 SmolLM2 drafters' recipe as a base (`--base recipe`): block 4, the target's final norm and last layer, 0.5 CE
 # + 0.5 KL to the stored top-k, lr 1.5e-3; the levers then move one thing away from what ships.
 # init_layer "last": the drafter's layers start as copies of the target's last ones (the recipe's single layer is 29).
@@ -48,14 +50,47 @@ RUNS = {
     "lr_3e-3": {"lr": 3e-3},
     "anchors_32": {"anchors": 32},
     "anchors_128": {"anchors": 128},
+    # Cheaper data (`--read-features`, rows of `carryover-hf prompts reading`): the label is the target's own
+    # distribution (KL to the stored top-k, no cross-entropy to text the target did not write), so `kl_only` is the
+    # control on regenerated rows; `read_only` trains on reading rows alone, `read_mixed` on both stores.
+    "kl_only": {"distillation": "kl", "distill_weight": 1.0},
+    "read_only": {"distillation": "kl", "distill_weight": 1.0, "data": "read"},
+    "read_mixed": {"distillation": "kl", "distill_weight": 1.0, "data": "mixed"},
 }
+
+
+class Rows:
+    """Several feature stores as one sequence of rows (in order), with the stores' `token_rows` (no feature bytes)."""
+
+    def __init__(self, *stores):
+        self.stores, self.starts = stores, [0]
+        for store in stores:
+            self.starts.append(self.starts[-1] + len(store))
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getitem__(self, index: int):
+        store = max(i for i in range(len(self.stores)) if self.starts[i] <= index)
+        return self.stores[store][index - self.starts[store]]
+
+    def token_rows(self):
+        for store in self.stores:
+            yield from store.token_rows()
+
+
+def training_rows(data: str, regenerated, read):
+    """The rows a run trains on: the regenerated store, the reading store, or both."""
+    if data != "regenerated" and read is None:
+        raise SystemExit(f"a run on {data!r} data needs --read-features (a store of `carryover-hf prompts reading` rows)")
+    return {"regenerated": regenerated, "read": read, "mixed": Rows(regenerated, read) if read else None}[data]
 
 
 def cpu_seconds() -> float:
     return time.process_time()
 
 
-def train_run(name, options, target, train, evaluation, budget, marks, seed, base=BASE):
+def train_run(name, options, target, train, evaluation, budget, marks, seed, base=BASE, read=None):
     import torch
 
     from carryover_hf import CarryoverDrafterConfig, CarryoverDrafterModel
@@ -66,9 +101,11 @@ def train_run(name, options, target, train, evaluation, budget, marks, seed, bas
     from carryover_hf.training.vocabulary import draft_vocabulary, response_token_counts
 
     o = {**base, **options}
+    layer_ids = train.target_layer_ids
+    train = training_rows(o["data"], train, read)
     config = CarryoverDrafterConfig.from_target_config(
         target.config, num_hidden_layers=o["layers"], block_size=o["block"], drafter_type=o["kind"],
-        target_layer_ids=train.target_layer_ids,
+        target_layer_ids=layer_ids,
     )  # fmt: skip
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
@@ -136,6 +173,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--train-features", required=True)
     parser.add_argument("--eval-features", required=True)
+    parser.add_argument("--read-features", default=None,
+                        help="store of reading rows (`carryover-hf prompts reading`) for the read_only/read_mixed runs")
     parser.add_argument("--budget", type=float, default=240.0, help="CPU-seconds of training per run")
     parser.add_argument("--marks", type=int, default=6, help="evaluations per run (evenly spread over the budget)")
     parser.add_argument("--runs", nargs="+", default=["base"], choices=list(RUNS))
@@ -157,20 +196,29 @@ def main() -> None:
     base = {**BASE, **BASES[args.base]}
     _check_record(_read(record_path), base, args.budget, record_path)  # before the target loads
     train, evaluation = FeatureStore(args.train_features), FeatureStore(args.eval_features)
+    read = FeatureStore(args.read_features) if args.read_features else None
+    if read is not None and read.settings["top_k"] != train.settings["top_k"]:
+        raise SystemExit(f"--read-features stores top-{read.settings['top_k']}, --train-features top-"
+                         f"{train.settings['top_k']}: build both with the same --top_k (the reading rows' label)")
+    for name in args.runs:  # before the target loads
+        training_rows({**base, **RUNS[name]}["data"], train, read)
     target, _ = load_target(train.settings["target"], dtype=train.settings["target_dtype"])
     target.requires_grad_(False).eval()
-    for store in (train, evaluation):
-        store.check_compatible(train.target_layer_ids, target)
+    for store in (train, evaluation, read):
+        if store is not None:
+            store.check_compatible(train.target_layer_ids, target)
     output.mkdir(parents=True, exist_ok=True)
     command = "python " + " ".join(sys.argv)
     marks = [args.budget * (i + 1) / args.marks for i in range(args.marks)]
     for name in args.runs:
-        run = train_run(name, RUNS[name], target, train, evaluation, args.budget, marks, args.seed, base)
+        run = train_run(name, RUNS[name], target, train, evaluation, args.budget, marks, args.seed, base, read)
         # Read again before writing: processes that share an output (one per core) each add their own runs.
         record = _read(record_path)
         _check_record(record, base, args.budget, record_path)
         record.update(machine=platform.platform(), base=base, budget_cpu_seconds=args.budget,
                       train_features=train.settings, eval_features=evaluation.settings)  # fmt: skip
+        if read is not None:
+            record["read_features"] = {**read.settings, "rows": len(read)}
         record["commands"] = list(dict.fromkeys([*_commands(record), command]))
         record.pop("command", None)
         record["runs"][name] = run

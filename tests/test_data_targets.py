@@ -11,7 +11,7 @@ import torch
 
 from carryover_hf import targets
 from carryover_hf.data.chat import SMOLLM2_CHAT_TEMPLATE, tiny_chat_tokenizer
-from carryover_hf.targets import TargetLoadingError, check_model_folder, load_target
+from carryover_hf.targets import TargetLoadingError, check_model_folder, load_target, load_target_tokenizer
 from carryover_hf.testing import tiny_target
 
 
@@ -43,6 +43,9 @@ def test_loads_local_folder_in_requested_dtype(tiny_folder):
     )
     model32, _ = load_target(str(tiny_folder), dtype="float32")
     assert model32.dtype == torch.float32
+    alone = load_target_tokenizer(tiny_folder)  # the same tokenizer, no weights loaded
+    assert alone.chat_template == SMOLLM2_CHAT_TEMPLATE
+    assert alone("Hello there")["input_ids"] == tokenizer("Hello there")["input_ids"]
 
 
 def test_bad_dtype_is_rejected(tiny_folder):
@@ -113,6 +116,8 @@ def test_all_problems_are_listed(tmp_path):
 def test_nonexistent_path(tmp_path):
     with pytest.raises(TargetLoadingError, match="does not exist"):
         load_target(str(tmp_path / "nowhere"))
+    with pytest.raises(TargetLoadingError, match="does not exist"):
+        load_target_tokenizer(str(tmp_path / "nowhere"))
 
 
 def test_missing_package_gives_install_command(monkeypatch, tmp_path):

@@ -10,7 +10,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("carryover_hf.demo", "the shipped SmolLM2-135M drafter against the target alone: speedup and acceptance"),
     "features": ("carryover_hf.training.feature_store", "run the target once per training row and store its features"),
     "train": ("carryover_hf.training.cli", "train or fine-tune a drafter (DFlash or draft-verify-draft objective)"),
-    "prompts": ("carryover_hf.data.cli", "build the offline prompt suites (`prompts build`)"),
+    "prompts": ("carryover_hf.data.cli", "build the offline prompt suites (`prompts build`) or reading rows (`prompts reading`)"),
     "regenerate": ("carryover_hf.data.regenerate", "record target responses to prompts as a training dataset"),
     "bench": ("carryover_hf.bench.cli", "benchmark drafters against the target alone and its peers"),
     "convert": ("carryover_hf.hub.convert", "import z-lab / Transformers / speculators DFlash checkpoints, or export"),

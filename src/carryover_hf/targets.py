@@ -226,6 +226,34 @@ def check_model_folder(folder: str | os.PathLike, need_tokenizer: bool = True) -
         )
 
 
+def _resolve_source(name: str, cache_dir, revision) -> tuple[Path | str, dict, str | None]:
+    """Where a target's files come from: (folder or Hub id, `from_pretrained` kwargs, name to record)."""
+    if name in TARGET_ALIASES:
+        source = prepare_smollm2(cache_dir)
+        check_model_folder(source)
+        return source, {}, TARGET_ALIASES[name]
+    if Path(name).expanduser().exists():
+        source = Path(name).expanduser()
+        check_model_folder(source)
+        return source, {}, None
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise TargetLoadingError(f"{name} does not exist (expected a model folder, a Hub id or {SMOLLM2_ALIAS!r}).")
+    return name, {"cache_dir": cache_dir, "revision": revision}, None
+
+
+def load_target_tokenizer(
+    name_or_path: str | os.PathLike = SMOLLM2_ALIAS,
+    cache_dir: str | os.PathLike | None = None,
+    revision: str | None = None,
+) -> PreTrainedTokenizerBase:
+    """The tokenizer `load_target` would return, without loading the model's weights."""
+    source, kwargs, _ = _resolve_source(str(name_or_path), cache_dir, revision)
+    try:
+        return AutoTokenizer.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as error:
+        raise TargetLoadingError(f"Could not load the tokenizer of target {name_or_path!r}: {error}") from error
+
+
 def load_target(
     name_or_path: str | os.PathLike = SMOLLM2_ALIAS,
     dtype: str | torch.dtype = "float32",
@@ -249,20 +277,7 @@ def load_target(
     """
     torch_dtype = resolve_dtype(dtype)
     name = str(name_or_path)
-    recorded_name = None
-    kwargs: dict = {}
-    if name in TARGET_ALIASES:
-        source = prepare_smollm2(cache_dir)
-        recorded_name = TARGET_ALIASES[name]
-        check_model_folder(source)
-    elif Path(name).expanduser().exists():
-        source = Path(name).expanduser()
-        check_model_folder(source)
-    elif name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise TargetLoadingError(f"{name} does not exist (expected a model folder, a Hub id or {SMOLLM2_ALIAS!r}).")
-    else:
-        source = name
-        kwargs = {"cache_dir": cache_dir, "revision": revision}
+    source, kwargs, recorded_name = _resolve_source(name, cache_dir, revision)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(
@@ -288,6 +303,7 @@ __all__ = [
     "check_model_folder",
     "convert_gguf",
     "default_cache_dir",
+    "load_target_tokenizer",
     "find_smollm2_gguf",
     "load_target",
     "prepare_smollm2",

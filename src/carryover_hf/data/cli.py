@@ -1,4 +1,5 @@
-"""`carryover-hf prompts build|show`: build the offline prompt suites, or summarise built ones."""
+"""`carryover-hf prompts build|show|reading`: build the offline prompt suites, summarise built ones, or write rows of
+train prompts the target only reads (`carryover_hf.data.reading`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import reading
 from .sources import SourceUnavailableError
 from .suites import CATEGORIES, DEFAULT_SEED, DEFAULT_TRAIN_SIZE, MANIFEST, PROMPTS_DIR, build_suites, write_suites
 
@@ -23,11 +25,22 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"categories to build (default all: {' '.join(CATEGORIES)})")  # fmt: skip
     show = sub.add_parser("show", help="print the sizes, sources and licences of built suites")
     show.add_argument("--prompts-dir", type=Path, default=PROMPTS_DIR)
+    reading.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.action == "reading":
+        try:
+            output = reading.build_reading(args)
+        except (ValueError, FileNotFoundError) as error:
+            print(f"carryover-hf prompts reading: {error}", file=sys.stderr)
+            return 2
+        summary = json.loads(output.with_name(output.name + reading.SIDECAR_SUFFIX).read_text())["summary"]
+        print(f"wrote {output}: {summary['rows']} rows, {summary['read_tokens']} read tokens "
+              f"({summary['rows_with_reference']} rows with a reference)")
+        return 0
     if args.action == "show":
         path = args.prompts_dir / MANIFEST
         if not path.is_file():
