@@ -96,6 +96,31 @@ def test_store_rows_equal_the_dataset_and_the_target_features(target, rows, stor
         torch.testing.assert_close(row["target_topk_logprobs"], top.values, atol=1e-5, rtol=1e-5)
 
 
+def test_rows_of_mixed_lengths_are_batched_by_length_and_stored_in_order(target, rows, tmp_path, monkeypatch):
+    from carryover_hf.training import verification
+
+    cut = [26, 9, 22, 11, 18, 7]  # rows of mixed lengths, not in length order
+    mixed = [{"input_ids": list(rows[i]["input_ids"])[:n], "loss_mask": list(rows[i]["loss_mask"])[:n]}
+             for i, n in enumerate(cut)]  # fmt: skip
+    widths, forward = [], verification.target_forward
+
+    def recording(model, ids, *args, **kwargs):
+        widths.append(tuple(ids.shape))
+        return forward(model, ids, *args, **kwargs)
+
+    monkeypatch.setattr(verification, "target_forward", recording)
+    build(target, mixed, tmp_path / "mixed", batch_size=2, shard_rows=6)
+    assert widths == [(2, 9), (2, 18), (2, 26)]  # pairs of similar length: 7+9, 11+18, 22+26
+    monkeypatch.setattr(verification, "target_forward", forward)
+    store = FeatureStore(tmp_path / "mixed")
+    for i, row in enumerate(mixed):
+        assert store[i]["input_ids"].tolist() == row["input_ids"]  # the dataset's order is kept
+        with torch.no_grad():
+            out = target(input_ids=torch.tensor([row["input_ids"]]), output_hidden_states=True)
+        expected = torch.cat([out.hidden_states[j + 1] for j in LAYERS], dim=-1)[0]
+        torch.testing.assert_close(store[i]["target_features"], expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("dtype,tolerance", [("float32", 1e-5), ("bfloat16", 3e-2), ("float16", 5e-3)])
 def test_offline_loss_and_gradients_equal_the_online_path(target, rows, tmp_path, dtype, tolerance):
     build(target, rows, tmp_path, dtype=dtype)

@@ -111,7 +111,7 @@ class FeatureBuildConfig:
     )
     top_k: int = field(default=0, metadata={"help": "also store the target's top-k next-token log-probs (0: none)"})
     shard_rows: int = field(default=64, metadata={"help": "rows per shard file (the resumable unit)"})
-    batch_size: int = field(default=4, metadata={"help": "rows per target forward (right-padded)"})
+    batch_size: int = field(default=4, metadata={"help": "rows per target forward (a shard's rows batched by length, right-padded)"})
     max_rows: int | None = field(default=None, metadata={"help": "store only the first N rows"})
     max_shards: int | None = field(default=None, metadata={"help": "stop after this many new shards"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads"})
@@ -173,15 +173,17 @@ def _shard_name(index: int) -> str:
 
 @torch.no_grad()
 def _encode_rows(target, rows: list[dict], layer_ids: list[int], dtype: torch.dtype, top_k: int, batch_size: int):
-    """The shard tensors of `rows`: one right-padded target forward per `batch_size` rows."""
+    """The shard tensors of `rows`, in their order: one right-padded target forward per `batch_size` rows, the rows
+    batched by length (so a short row is not padded to a long one's length)."""
     from .verification import target_forward, target_logits
 
-    pieces: dict[str, list[torch.Tensor]] = {"input_ids": [], "loss_mask": [], "features": []}
-    if top_k:
-        pieces.update(topk_ids=[], topk_logprobs=[])
+    keys = ["input_ids", "loss_mask", "features"] + (["topk_ids", "topk_logprobs"] if top_k else [])
+    encoded: list[dict[str, torch.Tensor]] = [{} for _ in rows]  # per row, filled in length order
+    by_length = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
     device = next(target.parameters()).device
     for start in range(0, len(rows), batch_size):
-        batch = rows[start : start + batch_size]
+        where = by_length[start : start + batch_size]
+        batch = [rows[i] for i in where]
         lengths = [len(row["input_ids"]) for row in batch]
         ids = torch.zeros(len(batch), max(lengths), dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -197,17 +199,17 @@ def _encode_rows(target, rows: list[dict], layer_ids: list[int], dtype: torch.dt
                     "--dtype bfloat16."
                 )
         for i, row in enumerate(batch):
-            n = lengths[i]
-            pieces["input_ids"].append(ids[i, :n].to(torch.int32))
-            pieces["loss_mask"].append(torch.as_tensor(row["loss_mask"], dtype=torch.int8))
-            pieces["features"].append(states.features[i, :n].to(dtype).cpu())
+            n, piece = lengths[i], encoded[where[i]]
+            piece["input_ids"] = ids[i, :n].to(torch.int32)
+            piece["loss_mask"] = torch.as_tensor(row["loss_mask"], dtype=torch.int8)
+            piece["features"] = states.features[i, :n].to(dtype).cpu()
             if top_k:
                 log_probs = torch.log_softmax(target_logits(target, states.last_hidden_state[i, :n]), dim=-1)
                 values, indices = log_probs.topk(top_k, dim=-1)
-                pieces["topk_ids"].append(indices.to(torch.int32).cpu())
-                pieces["topk_logprobs"].append(values.to(dtype).cpu())
-    lengths = torch.tensor([0] + [p.shape[0] for p in pieces["input_ids"]], dtype=torch.int64)
-    tensors = {key: torch.cat(value).contiguous() for key, value in pieces.items()}
+                piece["topk_ids"] = indices.to(torch.int32).cpu()
+                piece["topk_logprobs"] = values.to(dtype).cpu()
+    lengths = torch.tensor([0] + [piece["input_ids"].shape[0] for piece in encoded], dtype=torch.int64)
+    tensors = {key: torch.cat([piece[key] for piece in encoded]).contiguous() for key in keys}
     tensors["offsets"] = torch.cumsum(lengths, 0)
     return tensors
 
