@@ -238,7 +238,7 @@ skinny = pytest.mark.skipif(not skinny_linear_available(), reason="no skinny ker
 
 
 @skinny
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 12, 14, 15, 29])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 12, 14, 15, 29])
 @pytest.mark.parametrize("width", [576, 13])  # a multiple of 8 lanes, and a scalar tail only
 def test_skinny_linear_matches_linear(rows, width):
     generator = torch.Generator().manual_seed(rows)

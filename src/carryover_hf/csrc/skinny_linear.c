@@ -2,9 +2,11 @@
  *
  * A speculative round on CPU verifies k = 2..12 rows; those products are bound by streaming the weights. General
  * matrix-multiply kernels read the weights more than once for so few rows (MKL) or more slowly than a
- * matrix-vector product does (oneDNN). Here a pass holds up to 6 rows of x against two weight rows at a time (the
- * x loads serve both), or 7-14 rows against one; more rows take several passes, split evenly. The K loop runs 8
- * lanes at a time with a scalar tail. Sums run in another order than MKL's: results agree to float32 rounding.
+ * matrix-vector product does (oneDNN). Here a block of R weight rows (R = 2 for up to 3 rows of x, else 1) meets up
+ * to 14 rows of x held in L1; more rows take several passes, split evenly. The K loop runs 8 lanes at a time with a
+ * scalar tail, and prefetches the weight stream PREFETCH floats ahead: without it the hardware prefetcher kept too
+ * few lines in flight once a K step carried more than two FMAs (4 rows ran at 8 GB/s against 13 for one row; with
+ * it 10-11, docs/cpu-kernels.md). Sums run in another order than MKL's: results agree to float32 rounding.
  * Single-threaded (torch runs it only at one intra-op thread). Built by carryover_hf.cpu_kernels on first use
  * (cc -O3 -mavx2 -mfma) and called through ctypes.
  */
@@ -12,6 +14,8 @@
 #include <stdint.h>
 
 #define MAX_ROWS_PER_PASS 14
+#define MAX_WEIGHT_ROWS 2
+#define PREFETCH 768 /* floats ahead of the weight row being read (3 KB) */
 
 static inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -20,60 +24,49 @@ static inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-/* Output columns [n0, n1) for M rows; `pair` = two weight rows per step. Always inlined into the switch below,
- * where M is a constant: each case compiles to its own loop with the accumulators in registers. */
-__attribute__((always_inline)) static inline void pass(const float *x, const float *w, const float *bias, float *y, int64_t n0, int64_t n1,
-                        int64_t N, int64_t K, const int M, const int pair) {
+/* Output columns [n, n + R) for M rows of x. Always inlined with M and R constant: each (M, R) compiles to its own
+ * loop with the M x R accumulators in registers. */
+__attribute__((always_inline)) static inline void block(const float *x, const float *w, const float *bias, float *y,
+                                                        int64_t n, int64_t N, int64_t K, const int M, const int R) {
   const int64_t K8 = K & ~(int64_t)7;
-  int64_t n = n0;
-  if (pair) {
-    for (; n + 1 < n1; n += 2) {
-      __m256 a0[MAX_ROWS_PER_PASS], a1[MAX_ROWS_PER_PASS];
-      for (int m = 0; m < M; ++m) a0[m] = a1[m] = _mm256_setzero_ps();
-      const float *w0 = w + n * K, *w1 = w0 + K;
-      for (int64_t k = 0; k < K8; k += 8) {
-        const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
-        for (int m = 0; m < M; ++m) {
-          const __m256 xv = _mm256_loadu_ps(x + m * K + k);
-          a0[m] = _mm256_fmadd_ps(xv, v0, a0[m]);
-          a1[m] = _mm256_fmadd_ps(xv, v1, a1[m]);
-        }
-      }
-      for (int m = 0; m < M; ++m) {
-        float s0 = hsum(a0[m]), s1 = hsum(a1[m]);
-        for (int64_t k = K8; k < K; ++k) {
-          s0 += x[m * K + k] * w0[k];
-          s1 += x[m * K + k] * w1[k];
-        }
-        y[m * N + n] = bias ? s0 + bias[n] : s0;
-        y[m * N + n + 1] = bias ? s1 + bias[n + 1] : s1;
-      }
-    }
-  }
-  for (; n < n1; ++n) {
-    __m256 a0[MAX_ROWS_PER_PASS];
-    for (int m = 0; m < M; ++m) a0[m] = _mm256_setzero_ps();
-    const float *w0 = w + n * K;
-    for (int64_t k = 0; k < K8; k += 8) {
-      const __m256 v0 = _mm256_loadu_ps(w0 + k);
-      for (int m = 0; m < M; ++m) a0[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k), v0, a0[m]);
-    }
+  const float *w0 = w + n * K;
+  __m256 acc[MAX_WEIGHT_ROWS][MAX_ROWS_PER_PASS];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K8; k += 8) {
+    /* The R rows are adjacent in memory: prefetching ahead of the last one keeps the whole stream ahead. */
+    _mm_prefetch((const char *)(w0 + (R - 1) * K + k + PREFETCH), _MM_HINT_T0);
+    __m256 v[MAX_WEIGHT_ROWS];
+    for (int r = 0; r < R; ++r) v[r] = _mm256_loadu_ps(w0 + r * K + k);
     for (int m = 0; m < M; ++m) {
-      float s0 = hsum(a0[m]);
-      for (int64_t k = K8; k < K; ++k) s0 += x[m * K + k] * w0[k];
-      y[m * N + n] = bias ? s0 + bias[n] : s0;
+      const __m256 xv = _mm256_loadu_ps(x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[r][m] = _mm256_fmadd_ps(xv, v[r], acc[r][m]);
     }
   }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) {
+      float s = hsum(acc[r][m]);
+      for (int64_t k = K8; k < K; ++k) s += x[m * K + k] * w0[r * K + k];
+      y[m * N + n + r] = bias ? s + bias[n + r] : s;
+    }
 }
 
-#define CASE(R, P) \
-  case R: pass(x, w, bias, y, n0, n1, N, K, R, P); break;
+__attribute__((always_inline)) static inline void pass(const float *x, const float *w, const float *bias, float *y,
+                                                       int64_t N, int64_t K, const int M, const int R) {
+  int64_t n = 0;
+  for (; n + R <= N; n += R) block(x, w, bias, y, n, N, K, M, R);
+  for (; n < N; ++n) block(x, w, bias, y, n, N, K, M, 1);
+}
 
-static void columns(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t n0, int64_t n1,
-                    int64_t N, int64_t K) {
+/* Weight rows per block by rows of x, measured (docs/cpu-kernels.md): two while they leave enough registers, one
+ * from 4 rows on. */
+#define CASE(M, R) \
+  case M: pass(x, w, bias, y, N, K, M, R); break;
+
+static void columns(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t N, int64_t K) {
   switch (rows) {
-    CASE(1, 1) CASE(2, 1) CASE(3, 1) CASE(4, 1) CASE(5, 1) CASE(6, 1) CASE(7, 0)
-    CASE(8, 0) CASE(9, 0) CASE(10, 0) CASE(11, 0) CASE(12, 0) CASE(13, 0) CASE(14, 0)
+    CASE(1, 2) CASE(2, 2) CASE(3, 2) CASE(4, 1) CASE(5, 1) CASE(6, 1) CASE(7, 1)
+    CASE(8, 1) CASE(9, 1) CASE(10, 1) CASE(11, 1) CASE(12, 1) CASE(13, 1) CASE(14, 1)
   }
 }
 
@@ -83,7 +76,7 @@ void skinny_linear(const float *x, const float *w, const float *bias, float *y, 
   int64_t done = 0;
   for (int64_t p = 0; p < passes; ++p) {
     const int64_t rows = (M - done) / (passes - p);
-    columns(x + done * K, w, bias, y + done * N, rows, 0, N, N, K);
+    columns(x + done * K, w, bias, y + done * N, rows, N, K);
     done += rows;
   }
 }
