@@ -233,3 +233,34 @@ def test_the_committed_release_journal_still_fingerprints_the_shipped_drafters()
         with torch.no_grad():
             drafter.fc.weight[0, 0] += 1.0
         assert model_fingerprint(drafter) != recorded
+
+
+def _open_new_journal(output_dir: str, start) -> None:
+    """One of several shards opening the same journal the moment `start` fires (none exists yet)."""
+    from carryover_hf.bench.journal import RunJournal
+
+    start.wait(30)
+    RunJournal.open(output_dir, {"settings": {"x": 1}}, resume=True)
+
+
+def test_shards_creating_one_journal_at_once_all_open_it(tmp_path):
+    """Shards started side by side on a fresh output folder: the journal appears whole or not at all, so the shards
+    that lose the race read a complete header (an empty file made them fail with 'not a benchmark journal')."""
+    import multiprocessing
+
+    from carryover_hf.bench.journal import read_journal
+
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    for attempt in range(5):
+        out = tmp_path / f"run{attempt}"
+        start = context.Event()
+        workers = [context.Process(target=_open_new_journal, args=(str(out), start)) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        start.set()
+        for worker in workers:
+            worker.join(60)
+        assert [worker.exitcode for worker in workers] == [0, 0, 0, 0]
+        header, segments, groups = read_journal(out / FILE_NAME)
+        assert header["measures"] == {"settings": {"x": 1}} and segments == [] and groups == []
+        assert [p.name for p in out.iterdir()] == [FILE_NAME]  # no scratch file left behind

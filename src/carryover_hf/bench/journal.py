@@ -107,12 +107,18 @@ class RunJournal:
         header = {"journal": SCHEMA, "created": _now(), "fingerprint": json_fingerprint(measures), "measures": measures}
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume:
-            try:  # a new journal; with --resume another shard may have created it a moment ago
-                with open(path, "x") as handle:
-                    handle.write(json.dumps(header) + "\n")
-                return cls(path, measures, {}, [])
+            # A new journal; with --resume another shard may create it at the same moment. The header is written to
+            # a scratch file first and linked into place, so the journal appears whole or not at all (a shard that
+            # finds it a moment after another created it never reads an empty file).
+            scratch = path.with_name(f".{path.name}.{os.getpid()}.new")
+            scratch.write_text(json.dumps(header) + "\n")
+            try:
+                os.link(scratch, path)
             except FileExistsError:
                 return cls._read(path, measures)
+            finally:
+                scratch.unlink()
+            return cls(path, measures, {}, [])
         path.write_text(json.dumps(header) + "\n")
         return cls(path, measures, {}, [])
 
