@@ -11,6 +11,13 @@ It also measures row invariance: the largest logit difference between one forwar
 steps on the same context, and whether their argmaxes agree (greedy verification compares exactly these).
 
     python benchmarks/cpu_kernels.py --threads 1 --output benchmarks/results/smollm2-135m-cpu-kernels
+
+`--skinny_baseline FILE` adds a fifth configuration, `cpu_kernels_baseline`: the same as `cpu_kernels` with the skinny
+kernel built from FILE (an earlier revision of csrc/skinny_linear.c), so a kernel change is measured against its
+predecessor in one process:
+
+    git show a00ea24~1:src/carryover_hf/csrc/skinny_linear.c > /tmp/skinny_before.c
+    python benchmarks/cpu_kernels.py --threads 1 --skinny_baseline /tmp/skinny_before.c --output ...
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from carryover_hf import cpu_kernels
 from carryover_hf.cpu_kernels import (
     GROUPED_ATTENTION,
     PackedLinear,
@@ -47,11 +55,14 @@ def _linear_slots(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear, Pac
     return slots
 
 
-def _use(model, slots, kernel: str) -> None:
+def _use(model, slots, kernel: str, libraries: dict) -> None:
+    """Switch the model to `kernel`; `libraries` maps the skinny configurations to their compiled kernels."""
     for parent, name, plain, packed in slots:
         setattr(parent, name, plain if kernel == "default" else packed)
-    model.set_attn_implementation(GROUPED_ATTENTION if kernel in ("onednn_grouped", "cpu_kernels") else "sdpa")
-    use_skinny_linear(kernel == "cpu_kernels")
+    model.set_attn_implementation("sdpa" if kernel in ("default", "onednn") else GROUPED_ATTENTION)
+    use_skinny_linear(kernel in libraries)
+    if kernel in libraries:
+        cpu_kernels._Skinny.library = libraries[kernel]
 
 
 def _crop(cache, context: int) -> None:
@@ -99,7 +110,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed forwards per kernel, k and round")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, required=True, help="folder for results.json and results.md")
+    parser.add_argument("--skinny_baseline", type=Path, default=None,
+                        help="an earlier skinny_linear.c: adds the configuration cpu_kernels_baseline built from it")
     args = parser.parse_args()
+    if args.skinny_baseline is not None and not args.skinny_baseline.is_file():
+        raise SystemExit(f"--skinny_baseline {args.skinny_baseline} is not a file")
     if not packed_linears_available():
         raise SystemExit("this PyTorch build has no oneDNN packed linear")
     if not skinny_linear_available():
@@ -114,19 +129,23 @@ def main() -> None:
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (1, args.context + max(args.ks)), generator=generator)
     kernels = KERNELS
+    libraries = {"cpu_kernels": cpu_kernels._Skinny.library}
+    if args.skinny_baseline is not None:
+        libraries["cpu_kernels_baseline"] = cpu_kernels._build_skinny(args.skinny_baseline)
+        kernels = (*KERNELS, "cpu_kernels_baseline")
     times = {kernel: {k: [] for k in args.ks} for kernel in kernels}
     with torch.no_grad():
         cache = model(ids[:, : args.context], use_cache=True).past_key_values
         for round_ in range(args.rounds):
             for kernel in kernels if round_ % 2 == 0 else kernels[::-1]:
-                _use(model, slots, kernel)
+                _use(model, slots, kernel, libraries)
                 _time_forward(model, cache, args.context, ids[:, args.context : args.context + 1], 1)  # untimed: settle
                 for k in args.ks:
                     tokens = ids[:, args.context : args.context + k]
                     times[kernel][k].append(_time_forward(model, cache, args.context, tokens, args.repeats))
     invariance = {}
     for kernel in kernels:
-        _use(model, slots, kernel)
+        _use(model, slots, kernel, libraries)
         invariance[kernel] = {k: _row_invariance(model, ids, args.context, k) for k in args.ks if k > 1}
     step = {kernel: statistics.median(times[kernel][1]) for kernel in kernels}
     table = {
@@ -142,7 +161,7 @@ def main() -> None:
     }
     results = {
         "command": "python benchmarks/cpu_kernels.py "
-        + " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items()),
+        + " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items() if v is not None),
         "target": args.target,
         "threads": args.threads,
         "context": args.context,

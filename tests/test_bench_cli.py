@@ -139,6 +139,39 @@ def test_overhead_requires_a_long_enough_recording():
     )
     assert [row["context_length"] for row in result["by_context_length"]] == [4, 16]
     assert result["block_size"] == 4 and result["by_context_length"][0]["carry_rows"] == 3
+    assert result["new_context_rows"] == 1 and {r["new_context_rows"] for r in result["by_context_length"]} == {1}
+    with pytest.raises(ValueError, match=r"new_context_rows must lie in \[0, 4\)"):
+        measure_carry_overhead(target, drafter, torch.arange(24).remainder(32).unsqueeze(0), context_lengths=[4, 16],
+                               repeats=2, new_context_rows=4, progress=False)  # fmt: skip
+
+
+def test_overhead_proposals_fuse_the_new_context_rows_a_round_brings(monkeypatch):
+    """Each timed proposal passes the round's new context rows (the last before L, at their positions) to the drafter
+    with or without carry, and the buffer is set back after it, so every proposal sees the same committed context."""
+    target = tiny_target("qwen3", vocab_size=32)
+    drafter = tiny_drafter(target, block_size=4)
+    seen = []
+    original = type(drafter).forward
+
+    def recording(self, *args, **kwargs):
+        context, cache = kwargs.get("context_features"), kwargs.get("past_key_values")
+        seen.append((None if context is None else context.shape[1], cache.get_seq_length(),
+                     None if kwargs.get("carry_features") is None else kwargs["carry_features"].shape[1],
+                     None if context is None else kwargs["context_position_ids"][0].tolist()))  # fmt: skip
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(drafter), "forward", recording)
+    for rows in (2, 0):
+        seen.clear()
+        measure_carry_overhead(target, drafter, torch.arange(24).remainder(32).unsqueeze(0), context_lengths=[12],
+                               repeats=2, warmup=1, n_resamples=200, progress=False, new_context_rows=rows)  # fmt: skip
+        fill, timed = seen[0], seen[1:]
+        assert fill[:2] == (12 - rows, 0)  # the buffer is filled up to the new rows
+        assert len(timed) == 6 and {t[2] for t in timed} == {None, 3}  # 3 rounds x (no carry, B-1 carry rows)
+        if rows:
+            assert {(t[0], t[1], tuple(t[3])) for t in timed} == {(2, 10, (10, 11))}
+        else:
+            assert {(t[0], t[1]) for t in timed} == {(None, 12)}
 
 
 def test_text_prompts_go_through_the_chat_template_end_to_end(tmp_path):

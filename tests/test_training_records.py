@@ -152,7 +152,8 @@ def _journal_commands(journal: Path) -> set[tuple[str, ...]]:
 def test_release_bench_steps_resume_their_committed_journals(tmp_path):
     """Every bench step of release_0_2.sh passes `carryover-hf bench` exactly the arguments its committed journal ran
     with (a journal's fingerprint holds them, so any change would refuse to resume it); the Markov T = 1 step is its
-    T = 0 step at the other temperature, into a journal of its own (all four journals have landed)."""
+    T = 0 step at the other temperature, into a journal of its own, and so is the faster kernel's T = 1 step (all six
+    journals have landed)."""
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
@@ -163,7 +164,7 @@ def test_release_bench_steps_resume_their_committed_journals(tmp_path):
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls")}
     env.pop("MINUTES", None)
     env.pop("SHARD", None)
-    steps = ["bench_t0", "bench_t1", "bench_markov_t0", "bench_markov_t1"]
+    steps = ["bench_t0", "bench_t1", "bench_markov_t0", "bench_markov_t1", "bench_fast_t0", "bench_fast_t1"]
     result = subprocess.run(["bash", str(root / "examples/smollm2_135m/release_0_2.sh"), *steps], env=env,
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -171,10 +172,12 @@ def test_release_bench_steps_resume_their_committed_journals(tmp_path):
     assert len(lines) == len(steps) and all(line.startswith("bench ") for line in lines)
     calls = [tuple(line.split()[1:]) for line in lines]
     results = root / "benchmarks/results"
-    folders = ["smollm2-135m-0.2-t0", "smollm2-135m-0.2-t1", "smollm2-135m-0.2-markov-t0", "smollm2-135m-0.2-markov-t1"]
+    folders = ["smollm2-135m-0.2-t0", "smollm2-135m-0.2-t1", "smollm2-135m-0.2-markov-t0", "smollm2-135m-0.2-markov-t1",
+               "smollm2-135m-0.2-fast-t0", "smollm2-135m-0.2-fast-t1"]  # fmt: skip
     for call, folder in zip(calls, folders):
         assert _journal_commands(results / folder / "runs.jsonl") == {call}, folder
-    expected = list(calls[2])  # the Markov T = 0 call, at T = 1 into its own folder
-    expected[expected.index("--temperatures") + 1] = "1"
-    expected[expected.index("--output_dir") + 1] = "benchmarks/results/smollm2-135m-0.2-markov-t1"
-    assert calls[3] == tuple(expected)
+    for t0, t1 in ((2, 3), (4, 5)):  # each T = 0 call, at T = 1 into its own folder
+        expected = list(calls[t0])
+        expected[expected.index("--temperatures") + 1] = "1"
+        expected[expected.index("--output_dir") + 1] = f"benchmarks/results/{folders[t1]}"
+        assert calls[t1] == tuple(expected)

@@ -76,7 +76,9 @@ class _Skinny:
     enabled = True
 
 
-def _build_skinny() -> ctypes.CDLL:
+def _build_skinny(source_path: Path = _SKINNY_SOURCE) -> ctypes.CDLL:
+    """Compile (once per source and flags) and load a skinny kernel; `source_path` other than the shipped one is for
+    benchmarks that compare kernel versions (benchmarks/cpu_kernels.py --skinny_baseline)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise RuntimeError(f"the skinny kernel is written for x86-64 (this is {platform.machine()})")
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
@@ -84,7 +86,7 @@ def _build_skinny() -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc or gcc) to build the skinny kernel")
-    source = _SKINNY_SOURCE.read_bytes()
+    source = Path(source_path).read_bytes()
     key = hashlib.sha256(source + " ".join([compiler, *_SKINNY_FLAGS]).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("CARRYOVER_HF_CACHE", Path.home() / ".cache" / "carryover_hf"))
     path = cache / f"skinny_linear-{key}.so"
@@ -93,7 +95,7 @@ def _build_skinny() -> ctypes.CDLL:
         with tempfile.TemporaryDirectory(dir=cache) as scratch:
             built = Path(scratch) / path.name
             result = subprocess.run(
-                [compiler, *_SKINNY_FLAGS, str(_SKINNY_SOURCE), "-o", str(built)], capture_output=True, text=True
+                [compiler, *_SKINNY_FLAGS, str(source_path), "-o", str(built)], capture_output=True, text=True
             )
             if result.returncode != 0:
                 raise RuntimeError(f"building the skinny kernel failed: {result.stderr.strip()[-500:]}")

@@ -3,7 +3,12 @@
 For each context length L the target runs once over a recorded token sequence; its states at positions `< L` fill the
 drafter's context buffer (the `DrafterContextBuffer` that `generate` uses), and its states at `L .. L+B-2` serve as
 the carry segment (B-1 rows, the most a round can carry). A timed proposal is what a greedy decoding round does: the
-drafter forward over `[anchor, MASK x (B-1)]` plus the greedy drafts (LM head and argmax over the proposal rows).
+drafter forward over `[anchor, MASK x (B-1)]` with the round's new context rows (`new_context_rows`, default 1: a
+round of `generate` always brings at least the rows it accepted, bonus included, and their fusion runs in the same
+call as the carry's) plus the greedy drafts (LM head and argmax over the proposal rows). The new context rows are
+the last ones before L; the buffer is set back after each proposal, so every proposal sees the same context.
+`new_context_rows=0` times a proposal with nothing new to fuse, which no round of `generate` makes: there the carry
+pays the whole context-fusion layer (a weight pass of its own) and the overhead reads several times larger.
 Proposals with 0 and with B-1 carry rows alternate with a target 1-token step on the same L-token context (one
 forward with the LM head, on a `DynamicCache`, cropped back after each step), so drift affects all three and the
 proposal can be stated as a fraction of a target step measured in the same loop.
@@ -26,21 +31,30 @@ from ..utils import device_synchronizer
 from .stats import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, bootstrap_interval, mean, mean_difference
 
 
-def _time_proposal(drafter, lm_head, block_embeds, block_positions, cache, carry, carry_positions, sync) -> float:
-    """Milliseconds of one proposal: drafter forward (context from `cache`, optional carry rows) and greedy drafts."""
+def _time_proposal(drafter, lm_head, block_embeds, block_positions, cache, new_context, carry, sync) -> float:
+    """Milliseconds of one proposal: drafter forward (context from `cache` plus the `new_context` rows, optional
+    carry rows) and greedy drafts. `new_context` and `carry` are `(features, position_ids)` or `None`; the buffer is
+    set back to its length before the call afterwards (outside the timing)."""
+    length = cache.get_seq_length()
+    context_features, context_positions = new_context or (None, None)
+    carry_features, carry_positions = carry or (None, None)
     sync()
     start = time.perf_counter()
     hidden = drafter(
         block_embeds=block_embeds,
         block_position_ids=block_positions,
-        carry_features=carry,
+        context_features=context_features,
+        context_position_ids=context_positions,
+        carry_features=carry_features,
         carry_position_ids=carry_positions,
         past_key_values=cache,
         use_cache=True,
     ).last_hidden_state
     drafter.proposal_logits(hidden[:, 1:], lm_head).argmax(dim=-1)
     sync()
-    return (time.perf_counter() - start) * 1000.0
+    elapsed = (time.perf_counter() - start) * 1000.0
+    cache.length = length  # the new context rows were committed: set back, so the next proposal fuses them again
+    return elapsed
 
 
 def _time_target_step(target, token, cache, sync) -> float:
@@ -66,6 +80,7 @@ def measure_carry_overhead(
     confidence: float = DEFAULT_CONFIDENCE,
     seed: int = 0,
     progress: bool = True,
+    new_context_rows: int = 1,
 ) -> dict:
     """Time proposals with 0 and with B-1 carry rows at each context length; returns every timing and its summary.
 
@@ -78,6 +93,11 @@ def measure_carry_overhead(
         raise ValueError(f"token_ids must have shape (1, n), got {tuple(token_ids.shape)}")
     if repeats < 2:
         raise ValueError(f"repeats must be at least 2 to give an interval, got {repeats}")
+    if not 0 <= new_context_rows < min(context_lengths):
+        raise ValueError(
+            f"new_context_rows must lie in [0, {min(context_lengths)}) (below the shortest context length), got "
+            f"{new_context_rows}"
+        )
     needed = max(context_lengths) + num_carry
     if token_ids.shape[1] < needed:
         raise ValueError(
@@ -104,15 +124,18 @@ def measure_carry_overhead(
     bar = tqdm(total=len(context_lengths) * (repeats + warmup), desc="carry overhead", disable=not progress)
     for length in context_lengths:
         cache = DrafterContextBuffer(drafter, max_positions=length + block_size)
-        # Fill the context buffer once, as the rounds before this one would have.
+        # Fill the context buffer once, as the rounds before this one would have; the last `new_context_rows` rows
+        # are this round's new context, fused by every timed proposal.
+        committed = length - new_context_rows
         drafter(
             block_embeds=embed_block_tokens(embed, ids[:, :1]).to(device),
             block_position_ids=positions(length - 1, 1),
-            context_features=features[:, :length],
-            context_position_ids=positions(0, length),
+            context_features=features[:, :committed],
+            context_position_ids=positions(0, committed),
             past_key_values=cache,
             use_cache=True,
         )
+        new_context = (features[:, committed:length], positions(committed, new_context_rows)) if new_context_rows else None
         block_ids = torch.full((1, block_size), drafter.config.mask_token_id, device=ids.device)
         block_ids[:, 0] = ids[:, length]
         block_embeds = embed_block_tokens(embed, block_ids).to(device)
@@ -129,14 +152,14 @@ def measure_carry_overhead(
                     elapsed = _time_target_step(target, token, target_cache, sync)
                 else:
                     elapsed = _time_proposal(
-                        drafter, lm_head, block_embeds, positions(length, block_size), cache,
-                        carry if what else None, positions(length, num_carry) if what else None, sync,
+                        drafter, lm_head, block_embeds, positions(length, block_size), cache, new_context,
+                        (carry, positions(length, num_carry)) if what else None, sync,
                     )
                 if step >= warmup:
                     times[what].append(elapsed)
             bar.update(1)
-        if cache.get_seq_length() != length:  # proposals must never grow the context cache
-            raise RuntimeError(f"context cache grew to {cache.get_seq_length()} rows during timing (expected {length})")
+        if cache.get_seq_length() != committed:  # every proposal must see the same context
+            raise RuntimeError(f"context cache holds {cache.get_seq_length()} rows after timing (expected {committed})")
         off, on, step_ms = np.array(times[False]), np.array(times[True]), np.array(times["target"])
         interval = {"n_resamples": n_resamples, "confidence": confidence, "seed": seed}
         difference = bootstrap_interval([on, off], mean_difference, **interval)
@@ -149,6 +172,7 @@ def measure_carry_overhead(
             {
                 "context_length": int(length),
                 "carry_rows": num_carry,
+                "new_context_rows": int(new_context_rows),
                 "ms_without_carry": bootstrap_interval([off], mean, **interval).to_dict(),
                 "ms_with_carry": bootstrap_interval([on], mean, **interval).to_dict(),
                 "median_ms_without_carry": float(np.median(off)),
@@ -170,7 +194,9 @@ def measure_carry_overhead(
         "warmup": warmup,
         "device": str(device),
         "dtype": str(drafter.dtype).removeprefix("torch."),
-        "what_is_timed": "proposal: drafter forward over one block on the generation context buffer + greedy drafts "
+        "new_context_rows": int(new_context_rows),
+        "what_is_timed": "proposal: drafter forward over one block and the round's new context rows on the generation "
+        "context buffer + greedy drafts "
         "(LM head + argmax over the B-1 proposal rows); target step: one target forward over one token on an L-token "
         "cache (LM head included)",
         "by_context_length": results,

@@ -364,6 +364,17 @@ def _cpu_kernels_note(run: Mapping[str, Any]) -> str:
     return f" · CPU kernels ({', '.join(parts)})" if parts else ""
 
 
+def _new_context_sentence(overhead: Mapping[str, Any]) -> str:
+    """How many new context rows each timed proposal fused (reports from before the setting: none)."""
+    rows = {result.get("new_context_rows", 0) for result in overhead.values()}
+    if rows == {0}:
+        return ("The proposals fuse no new context rows (the measurement's design before 2026-12-03; every round of "
+                "generate fuses at least one, so the carry here also pays the fusion layer's whole weight pass).")
+    counts = ", ".join(str(r) for r in sorted(rows))
+    return (f"Each proposal also fuses {counts} new context row(s), as every round of generate does (its accepted "
+            "rows), so the carry adds rows to a fusion that runs anyway.")
+
+
 def to_markdown(report: Mapping[str, Any]) -> str:
     s = report["settings"]
     target = report["target"]["name_or_path"] or report["target"]["model_type"]
@@ -484,7 +495,8 @@ def to_markdown(report: Mapping[str, Any]) -> str:
             "## Carry overhead in isolation",
             "",
             "One proposal (drafter forward + LM head + argmax) on the same recorded context, with 0 and with B-1 carry rows, "
-            "alternating with a target 1-token step (one forward, LM head included) on the same context.",
+            "alternating with a target 1-token step (one forward, LM head included) on the same context. "
+            + _new_context_sentence(report["overhead"]),
             "",
             "| drafter | context | ms, no carry | ms, B-1 carry rows | overhead ms | overhead | target step ms | "
             "proposal / target step |",

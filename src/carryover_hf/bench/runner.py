@@ -109,6 +109,11 @@ class BenchmarkSettings:
         default_factory=lambda: [128, 512, 2048], metadata={"help": "Context lengths of the overhead measurement."}
     )
     overhead_repeats: int = field(default=30, metadata={"help": "Timed proposals per setting in the overhead measurement."})
+    overhead_new_context_rows: int = field(
+        default=1,
+        metadata={"help": "New context rows each timed proposal fuses, as every round of generate does (0: none, a "
+                  "proposal generate never makes)."},
+    )
     fail_on_mismatch: bool = field(
         default=True, metadata={"help": "Raise after writing the report when a greedy output fails the gate."}
     )
@@ -133,6 +138,11 @@ class BenchmarkSettings:
             raise ValueError(f"overhead_context_lengths must be positive, got {self.overhead_context_lengths}")
         if self.overhead and self.overhead_repeats < 2:
             raise ValueError(f"overhead_repeats must be at least 2, got {self.overhead_repeats}")
+        if self.overhead and not 0 <= self.overhead_new_context_rows < min(self.overhead_context_lengths):
+            raise ValueError(
+                f"overhead_new_context_rows must lie in [0, {min(self.overhead_context_lengths)}) (below the shortest "
+                f"overhead context length), got {self.overhead_new_context_rows}"
+            )
         bad = [t for t in self.draft_confidence_thresholds if not 0 < t <= 1]
         if bad:
             raise ValueError(f"draft_confidence_thresholds must lie in (0, 1], got {bad}")
@@ -716,7 +726,7 @@ LATER_METHOD_FIELDS = {"lookup_backoff": None}
 # Settings that change only how results are summarised, not what is measured: a resumed run may change them.
 REPORT_ONLY_SETTINGS = (
     "warmup", "bootstrap_resamples", "confidence", "compare", "overhead", "overhead_context_lengths",
-    "overhead_repeats", "fail_on_mismatch",
+    "overhead_repeats", "overhead_new_context_rows", "fail_on_mismatch",
 )  # fmt: skip
 
 
@@ -760,6 +770,7 @@ def _measure_overheads(target, drafters, prompts, encoded, recorded, settings, p
             confidence=settings.confidence,
             seed=settings.seed,
             progress=progress,
+            new_context_rows=settings.overhead_new_context_rows,
         )
         result["context_source"] = (
             "target-alone greedy outputs after their prompts" if recorded else "benchmark prompts"
