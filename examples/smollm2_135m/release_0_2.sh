@@ -188,7 +188,7 @@ step_bench_markov_t0() { bench markov 0 8 "${MARKOV_KEEP[@]}"; }
 # T = 1 with the same methods, so the two temperatures compare method for method (the shipped defaults, backoff 8)
 step_bench_markov_t1() { bench markov 1 8 "${MARKOV_KEEP[@]}"; }
 # The Markov carryover drafter again after the skinny kernel learned to prefetch (2026-12-03: verifying 3 drafts went
-# from 1.54x to 1.23x a target step, a 10-draft lookup from 1.98x to 1.45x; docs/cpu-kernels.md), in runs of their own:
+# from 1.45x to 1.17x a target step, 7 drafts from 1.67x to 1.29x; docs/cpu-kernels.md), in runs of their own:
 # its shipped setting, the same without the backoff (a drafter round that pays no longer needs holding back), and
 # prompt lookup on the same kernels.
 FAST_KEEP=(prompt_lookup 'carryover/carry_on+lookup10' 'carryover/carry_on+backoff8+lookup10')
