@@ -31,6 +31,14 @@ from ..utils import device_synchronizer
 from .stats import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, bootstrap_interval, mean, mean_difference
 
 
+def check_new_context_rows(new_context_rows: int, context_lengths: Sequence[int], name: str = "new_context_rows") -> None:
+    """The new context rows of a timed proposal come from before the shortest context length: [0, min(L))."""
+    if not 0 <= new_context_rows < min(context_lengths):
+        raise ValueError(
+            f"{name} must lie in [0, {min(context_lengths)}) (below the shortest context length), got {new_context_rows}"
+        )
+
+
 def _time_proposal(drafter, lm_head, block_embeds, block_positions, cache, new_context, carry, sync) -> float:
     """Milliseconds of one proposal: drafter forward (context from `cache` plus the `new_context` rows, optional
     carry rows) and greedy drafts. `new_context` and `carry` are `(features, position_ids)` or `None`; the buffer is
@@ -93,11 +101,7 @@ def measure_carry_overhead(
         raise ValueError(f"token_ids must have shape (1, n), got {tuple(token_ids.shape)}")
     if repeats < 2:
         raise ValueError(f"repeats must be at least 2 to give an interval, got {repeats}")
-    if not 0 <= new_context_rows < min(context_lengths):
-        raise ValueError(
-            f"new_context_rows must lie in [0, {min(context_lengths)}) (below the shortest context length), got "
-            f"{new_context_rows}"
-        )
+    check_new_context_rows(new_context_rows, context_lengths)
     needed = max(context_lengths) + num_carry
     if token_ids.shape[1] < needed:
         raise ValueError(
@@ -203,4 +207,4 @@ def measure_carry_overhead(
     }
 
 
-__all__ = ["measure_carry_overhead"]
+__all__ = ["check_new_context_rows", "measure_carry_overhead"]

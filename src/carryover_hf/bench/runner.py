@@ -35,6 +35,7 @@ from ..hub.native import NativeDFlashUnavailable, to_native_dflash
 from ..modeling_carryover import CarryoverDrafterModel
 from ..utils import device_synchronizer, model_fingerprint, pad_token_id, without_later_defaults
 from .journal import RunJournal
+from .overhead import check_new_context_rows
 from .prompts import Prompt, encode_prompt
 
 GLOBAL_METHODS = ("target", "prompt_lookup")
@@ -138,11 +139,9 @@ class BenchmarkSettings:
             raise ValueError(f"overhead_context_lengths must be positive, got {self.overhead_context_lengths}")
         if self.overhead and self.overhead_repeats < 2:
             raise ValueError(f"overhead_repeats must be at least 2, got {self.overhead_repeats}")
-        if self.overhead and not 0 <= self.overhead_new_context_rows < min(self.overhead_context_lengths):
-            raise ValueError(
-                f"overhead_new_context_rows must lie in [0, {min(self.overhead_context_lengths)}) (below the shortest "
-                f"overhead context length), got {self.overhead_new_context_rows}"
-            )
+        if self.overhead:
+            check_new_context_rows(self.overhead_new_context_rows, self.overhead_context_lengths,
+                                   name="overhead_new_context_rows")  # fmt: skip
         bad = [t for t in self.draft_confidence_thresholds if not 0 < t <= 1]
         if bad:
             raise ValueError(f"draft_confidence_thresholds must lie in (0, 1], got {bad}")
