@@ -145,6 +145,34 @@ def test_overhead_requires_a_long_enough_recording():
                                repeats=2, new_context_rows=4, progress=False)  # fmt: skip
 
 
+def test_overhead_times_every_proposal_right_after_a_target_step(monkeypatch):
+    """As in generate, where each proposal follows the target's verification forward: with and without carry, every
+    timed proposal comes straight after a target step, so neither finds the drafter's weights left in the caches by
+    the other (the earlier order ran the proposal without carry after another proposal in every repeat)."""
+    target = tiny_target("qwen3", vocab_size=32)
+    drafter = tiny_drafter(target, block_size=4)
+    calls = []
+    drafter_forward, target_forward = type(drafter).forward, type(target).forward
+
+    def drafter_recording(self, *args, **kwargs):
+        calls.append("carry" if kwargs.get("carry_features") is not None else "no carry")
+        return drafter_forward(self, *args, **kwargs)
+
+    def target_recording(self, *args, **kwargs):
+        calls.append("target")
+        return target_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(drafter), "forward", drafter_recording)
+    monkeypatch.setattr(type(target), "forward", target_recording)
+    measure_carry_overhead(target, drafter, torch.arange(24).remainder(32).unsqueeze(0), context_lengths=[12],
+                           repeats=3, warmup=1, n_resamples=200, progress=False)  # fmt: skip
+    # recording pass, buffer fill, target cache prefill; then 4 steps (1 warm-up + 3) x 2 (target step, proposal)
+    setup, timed = calls[:3], calls[3:]
+    assert setup == ["target", "no carry", "target"]
+    assert timed[0::2] == ["target"] * 8
+    assert timed[1::2] == ["no carry", "carry", "carry", "no carry", "no carry", "carry", "carry", "no carry"]
+
+
 def test_overhead_proposals_fuse_the_new_context_rows_a_round_brings(monkeypatch):
     """Each timed proposal passes the round's new context rows (the last before L, at their positions) to the drafter
     with or without carry, and the buffer is set back after it, so every proposal sees the same committed context."""

@@ -88,6 +88,50 @@ def test_proposals_are_the_full_head_restricted_to_the_draft_ids():
     assert torch.equal(proposal.tokens, ids[full[..., ids].argmax(-1)])
 
 
+@pytest.mark.parametrize("draft_ids", [None, [1, 4, 5, 9, 15]], ids=["full", "reduced"])
+def test_markov_proposal_takes_the_head_term_of_all_rows_in_one_product(draft_ids, monkeypatch):
+    """Row j of a Markov proposal depends on the draft of row j - 1 only through the transition term, so the head
+    term of every row is one product (its weight streamed once per proposal, not once per row), or products over
+    groups of rows when HEAD_CHUNK_ELEMENTS caps the logits built at once; the drafts and logits are those of the
+    reference form (`proposal_logits` row by row with the previous draft)."""
+    from carryover_hf import modeling_carryover
+    from carryover_hf.modeling_carryover import DraftHead
+
+    target = tiny_target("llama", vocab_size=VOCAB, seed=3)
+    drafter = tiny_drafter(target, block_size=4, drafter_type="markov", seed=4)
+    if draft_ids is not None:
+        drafter.set_draft_vocabulary(draft_ids)
+    torch.nn.init.normal_(drafter.markov_head.proj.weight, std=1.0)  # a transition term that changes the argmax
+    head = drafter.draft_head(target.get_output_embeddings())
+    states = torch.randn(2, 3, drafter.config.hidden_size, generator=torch.Generator().manual_seed(5))
+    anchors = torch.tensor([3, 7])
+
+    previous, tokens, logits = anchors, [], []
+    for j in range(3):  # the reference: row by row, each with the draft before it
+        row = drafter.proposal_logits(states[:, j], head, previous)
+        previous = row.argmax(-1)
+        tokens.append(previous)
+        logits.append(row)
+    reference_tokens, reference_logits = torch.stack(tokens, -1), torch.stack(logits, -2)
+
+    rows_per_product = []
+    original = DraftHead.__call__
+
+    def counting(self, hidden_states):
+        rows_per_product.append(hidden_states.shape[-2] if hidden_states.dim() == 3 else 1)
+        return original(self, hidden_states)
+
+    monkeypatch.setattr(DraftHead, "__call__", counting)
+    per_row = 2 * head.size  # logits of one row of both sequences
+    for budget, expected in ((modeling_carryover.HEAD_CHUNK_ELEMENTS, [3]), (2 * per_row, [2, 1]), (1, [1, 1, 1])):
+        monkeypatch.setattr(modeling_carryover, "HEAD_CHUNK_ELEMENTS", budget)
+        rows_per_product.clear()
+        proposal = drafter.propose(states, head, anchors, return_logits=True)
+        assert rows_per_product == expected
+        assert torch.equal(proposal.tokens, reference_tokens)
+        torch.testing.assert_close(proposal.logits, reference_logits)
+
+
 def test_draft_vocabulary_is_saved_with_the_weights(tmp_path):
     target = tiny_target("llama", vocab_size=VOCAB, seed=3)
     drafter = tiny_drafter(target, block_size=4, drafter_type="markov", seed=4)

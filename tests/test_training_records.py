@@ -152,8 +152,8 @@ def _journal_commands(journal: Path) -> set[tuple[str, ...]]:
 def test_release_bench_steps_resume_their_committed_journals(tmp_path):
     """Every bench step of release_0_2.sh passes `carryover-hf bench` exactly the arguments its committed journal ran
     with (a journal's fingerprint holds them, so any change would refuse to resume it); the Markov T = 1 step is its
-    T = 0 step at the other temperature, into a journal of its own, and so is the faster kernel's T = 1 step (all six
-    journals have landed)."""
+    T = 0 step at the other temperature, into a journal of its own, and so are the faster kernel's and the batched
+    Markov head's T = 1 steps (all eight journals have landed; the last two runs are partial)."""
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
@@ -164,7 +164,8 @@ def test_release_bench_steps_resume_their_committed_journals(tmp_path):
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls")}
     env.pop("MINUTES", None)
     env.pop("SHARD", None)
-    steps = ["bench_t0", "bench_t1", "bench_markov_t0", "bench_markov_t1", "bench_fast_t0", "bench_fast_t1"]
+    steps = ["bench_t0", "bench_t1", "bench_markov_t0", "bench_markov_t1", "bench_fast_t0", "bench_fast_t1",
+             "bench_head_t0", "bench_head_t1"]
     result = subprocess.run(["bash", str(root / "examples/smollm2_135m/release_0_2.sh"), *steps], env=env,
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -173,10 +174,11 @@ def test_release_bench_steps_resume_their_committed_journals(tmp_path):
     calls = [tuple(line.split()[1:]) for line in lines]
     results = root / "benchmarks/results"
     folders = ["smollm2-135m-0.2-t0", "smollm2-135m-0.2-t1", "smollm2-135m-0.2-markov-t0", "smollm2-135m-0.2-markov-t1",
-               "smollm2-135m-0.2-fast-t0", "smollm2-135m-0.2-fast-t1"]  # fmt: skip
+               "smollm2-135m-0.2-fast-t0", "smollm2-135m-0.2-fast-t1", "smollm2-135m-0.2-head-t0",
+               "smollm2-135m-0.2-head-t1"]  # fmt: skip
     for call, folder in zip(calls, folders):
         assert _journal_commands(results / folder / "runs.jsonl") == {call}, folder
-    for t0, t1 in ((2, 3), (4, 5)):  # each T = 0 call, at T = 1 into its own folder
+    for t0, t1 in ((2, 3), (4, 5), (6, 7)):  # each T = 0 call, at T = 1 into its own folder
         expected = list(calls[t0])
         expected[expected.index("--temperatures") + 1] = "1"
         expected[expected.index("--output_dir") + 1] = f"benchmarks/results/{folders[t1]}"

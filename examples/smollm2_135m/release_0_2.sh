@@ -5,6 +5,7 @@
 #   bash examples/smollm2_135m/release_0_2.sh [step ...]
 #   steps: features continued carryover markov_baseline markov_continued markov_carryover publish republish bench_t0
 #          bench_t1 cards bench_markov_t0 bench_markov_t1 markov_cards bench_fast_t0 bench_fast_t1 fast_cards
+#          bench_head_t0 bench_head_t1
 #
 # Where each piece comes from:
 # * the dflash baseline is committed (assets/training-state/smollm2-135m-dflash-b4-baseline/, 4,700 steps in four
@@ -194,6 +195,11 @@ step_bench_markov_t1() { bench markov 1 8 "${MARKOV_KEEP[@]}"; }
 FAST_KEEP=(prompt_lookup 'carryover/carry_on+lookup10' 'carryover/carry_on+backoff8+lookup10')
 step_bench_fast_t0() { BENCH_OUTPUT=benchmarks/results/smollm2-135m-0.2-fast-t0 bench markov 0 8 "${FAST_KEEP[@]}"; }
 step_bench_fast_t1() { BENCH_OUTPUT=benchmarks/results/smollm2-135m-0.2-fast-t1 bench markov 1 8 "${FAST_KEEP[@]}"; }
+# The same methods after the Markov proposal learned to take its head term of all rows in one product (2026-12-03:
+# a proposal 22 % cheaper in isolation, benchmarks/proposal_head_batching.py), on the current code, in runs of their
+# own (a journal fingerprints its settings, not the code).
+step_bench_head_t0() { BENCH_OUTPUT=benchmarks/results/smollm2-135m-0.2-head-t0 bench markov 0 8 "${FAST_KEEP[@]}"; }
+step_bench_head_t1() { BENCH_OUTPUT=benchmarks/results/smollm2-135m-0.2-head-t1 bench markov 1 8 "${FAST_KEEP[@]}"; }
 
 NOTE="Held-out eval prompts of assets/prompts (20 per category), 128 new tokens, SmolLM2-135M-Instruct in float32 on \
 a 2-core AVX2 CPU, 1 thread, CPU kernels on. tau = mean accepted tokens per round (bonus included); speedup = decode \

@@ -242,6 +242,10 @@ POSITION_FREE_PROCESSORS = (
 )
 
 
+# Most logits a head product builds at once (float32: 64 MB); larger products run in chunks of rows.
+HEAD_CHUNK_ELEMENTS = 1 << 24
+
+
 class DraftHead:
     """The target's LM head over the drafter's draft vocabulary, as one 2-D matmul over contiguous rows.
 
@@ -281,7 +285,7 @@ class DraftHead:
             logits = torch.nn.functional.linear(rows, self.weight, self.bias)
         return logits.float().view(*hidden_states.shape[:-1], -1)
 
-    def argmax(self, hidden_states: torch.Tensor, max_chunk_elements: int = 1 << 24) -> torch.LongTensor:
+    def argmax(self, hidden_states: torch.Tensor, max_chunk_elements: int = HEAD_CHUNK_ELEMENTS) -> torch.LongTensor:
         """Target ids of the most likely draft token per row, in chunks of rows (no (rows x V) tensor at once)."""
         rows = hidden_states.reshape(-1, hidden_states.shape[-1])
         step = max(1, max_chunk_elements // self.size)
@@ -537,11 +541,18 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
                 logits = head.to_full(logits) if return_logits else None
             return Proposal(tokens, logits if return_logits else None)
 
-        # Row by row: row j's logits depend on the draft of row j - 1.
+        # Row by row: row j's logits depend on the draft of row j - 1 (the Markov term, processors that read the
+        # prefix). Their head term does not: it is computed for a group of rows in one product, so the head's weight
+        # is streamed once per group instead of once per row (groups of at most HEAD_CHUNK_ELEMENTS logits).
         tokens, rows, previous = [], [], anchor_ids
         candidate_ids = prefix_ids
-        for j in range(block_states.shape[-2]):
-            logits = head(block_states[..., j, :])
+        num_rows = block_states.shape[-2]
+        logits_per_row = max(1, previous.numel() * head.size)
+        group = max(1, min(num_rows, HEAD_CHUNK_ELEMENTS // logits_per_row))
+        for j in range(num_rows):
+            if j % group == 0:
+                head_logits = head(block_states[..., j : j + group, :])
+            logits = head_logits[..., j % group, :]
             if self.markov_head is not None:
                 logits = logits + self.markov_head(previous).float()
             if processors:

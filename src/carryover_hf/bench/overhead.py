@@ -5,13 +5,20 @@ drafter's context buffer (the `DrafterContextBuffer` that `generate` uses), and 
 the carry segment (B-1 rows, the most a round can carry). A timed proposal is what a greedy decoding round does: the
 drafter forward over `[anchor, MASK x (B-1)]` with the round's new context rows (`new_context_rows`, default 1: a
 round of `generate` always brings at least the rows it accepted, bonus included, and their fusion runs in the same
-call as the carry's) plus the greedy drafts (LM head and argmax over the proposal rows). The new context rows are
+call as the carry's) plus the greedy drafts as `generate` picks them (`drafter.propose` on the draft head built once
+per pairing: LM head, a Markov drafter's transition term, argmax). The new context rows are
 the last ones before L; the buffer is set back after each proposal, so every proposal sees the same context.
 `new_context_rows=0` times a proposal with nothing new to fuse, which no round of `generate` makes: there the carry
 pays the whole context-fusion layer (a weight pass of its own) and the overhead reads several times larger.
-Proposals with 0 and with B-1 carry rows alternate with a target 1-token step on the same L-token context (one
-forward with the LM head, on a `DynamicCache`, cropped back after each step), so drift affects all three and the
-proposal can be stated as a fraction of a target step measured in the same loop.
+Every timed proposal follows a timed target 1-token step on the same L-token context (one forward with the LM head,
+on a `DynamicCache`, cropped back after each step), as every proposal of `generate` follows the target's verification
+forward: the target's weight stream evicts the drafter's weights from the caches, so both proposals start from the
+same cold caches (proposals with 0 and with B-1 carry rows take turns going first). Before 2026-12-03 the order was
+(no carry, carry, step) then (step, carry, no carry): the carry proposal followed a target step in every other
+repeat and the proposal without carry never did, which charged the carry with refilling the caches; the timed
+proposal also gathered the draft head's rows on every call (generate gathers them once) and left a Markov drafter's
+transition term out (docs/bench.md has the figures of both orders). Drift affects all three, and the proposal can be
+stated as a fraction of a target step measured in the same loop.
 """
 
 from __future__ import annotations
@@ -39,10 +46,12 @@ def check_new_context_rows(new_context_rows: int, context_lengths: Sequence[int]
         )
 
 
-def _time_proposal(drafter, lm_head, block_embeds, block_positions, cache, new_context, carry, sync) -> float:
+def _time_proposal(drafter, head, block_embeds, block_positions, cache, new_context, carry, prefix_ids, sync) -> float:
     """Milliseconds of one proposal: drafter forward (context from `cache` plus the `new_context` rows, optional
-    carry rows) and greedy drafts. `new_context` and `carry` are `(features, position_ids)` or `None`; the buffer is
-    set back to its length before the call afterwards (outside the timing)."""
+    carry rows) and the greedy drafts as the candidate generator picks them (`drafter.propose` on the draft head built
+    once per pairing; a Markov drafter's transition term included). `new_context` and `carry` are `(features,
+    position_ids)` or `None`; `prefix_ids` ends with the anchor; the buffer is set back to its length before the call
+    afterwards (outside the timing)."""
     length = cache.get_seq_length()
     context_features, context_positions = new_context or (None, None)
     carry_features, carry_positions = carry or (None, None)
@@ -58,7 +67,7 @@ def _time_proposal(drafter, lm_head, block_embeds, block_positions, cache, new_c
         past_key_values=cache,
         use_cache=True,
     ).last_hidden_state
-    drafter.proposal_logits(hidden[:, 1:], lm_head).argmax(dim=-1)
+    drafter.propose(hidden[:, 1:], head, prefix_ids[:, -1], prefix_ids=prefix_ids, do_sample=False, return_logits=False)
     sync()
     elapsed = (time.perf_counter() - start) * 1000.0
     cache.length = length  # the new context rows were committed: set back, so the next proposal fuses them again
@@ -74,6 +83,65 @@ def _time_target_step(target, token, cache, sync) -> float:
     elapsed = (time.perf_counter() - start) * 1000.0
     cache.crop(-1)
     return elapsed
+
+
+def record_features(target: PreTrainedModel, drafter: CarryoverDrafterModel, token_ids: torch.LongTensor):
+    """One target forward over a recorded sequence `(1, n)`: its token ids on the target's device and the fused-layer
+    states the drafter reads, `(1, n, k * H_target)` on the drafter's device."""
+    ids = token_ids.to(target.device)
+    outputs = target(ids, output_hidden_states=hidden_state_indices(drafter.config.target_layer_ids))
+    return ids, gather_target_features(outputs.hidden_states, drafter.config.target_layer_ids).to(drafter.device)
+
+
+class RecordedRound:
+    """One greedy round of `generate` at context length L, rebuilt from a recorded sequence so it can be timed again
+    and again: the drafter's context buffer holds the rows before the round's `new_context_rows` (as the rounds before
+    it would have left it), the block is `[token L, MASK x (B-1)]`, the carry is the states at `L .. L+B-2`, and the
+    target's cache holds the L tokens. `time(with_carry)` runs a target 1-token step (which leaves the caches as a
+    verification forward does) and then the proposal; the buffer and the target's cache are set back after each."""
+
+    def __init__(self, target, drafter, head, ids, features, length: int, new_context_rows: int):
+        block_size, device = drafter.config.block_size, drafter.device
+        self.target, self.drafter, self.head = target, drafter, head
+        self.sync = device_synchronizer(device)
+        positions = torch.arange(length + 2 * block_size, device=device).unsqueeze(0)
+        embed = target.get_input_embeddings()
+        self.cache = DrafterContextBuffer(drafter, max_positions=length + block_size)
+        self.committed = length - new_context_rows
+        drafter(
+            block_embeds=embed_block_tokens(embed, ids[:, :1]).to(device),
+            block_position_ids=positions[:, length - 1 : length],
+            context_features=features[:, : self.committed],
+            context_position_ids=positions[:, : self.committed],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.new_context = (
+            (features[:, self.committed : length], positions[:, self.committed : length]) if new_context_rows else None
+        )
+        block_ids = torch.full((1, block_size), drafter.config.mask_token_id, device=ids.device)
+        block_ids[:, 0] = ids[:, length]
+        self.block_embeds = embed_block_tokens(embed, block_ids).to(device)
+        self.block_positions = positions[:, length : length + block_size]
+        self.carry = (features[:, length : length + block_size - 1], positions[:, length : length + block_size - 1])
+        self.prefix_ids = ids[:, : length + 1]  # ends with the anchor
+        self.target_cache = DynamicCache(config=target.config)
+        target(ids[:, :length], past_key_values=self.target_cache, use_cache=True)
+        self.token = ids[:, length : length + 1]
+
+    def time(self, with_carry: bool) -> tuple[float, float]:
+        """Milliseconds of a target 1-token step and of the proposal right after it (with B-1 carry rows or none)."""
+        step_ms = _time_target_step(self.target, self.token, self.target_cache, self.sync)
+        proposal_ms = _time_proposal(
+            self.drafter, self.head, self.block_embeds, self.block_positions, self.cache, self.new_context,
+            self.carry if with_carry else None, self.prefix_ids, self.sync,
+        )  # fmt: skip
+        return step_ms, proposal_ms
+
+    def check(self) -> None:
+        """Every proposal must have seen the same context."""
+        if self.cache.get_seq_length() != self.committed:
+            raise RuntimeError(f"context cache holds {self.cache.get_seq_length()} rows after timing (expected {self.committed})")
 
 
 @torch.no_grad()
@@ -112,65 +180,32 @@ def measure_carry_overhead(
     if limit is not None and needed + 1 > limit:
         raise ValueError(f"context length {max(context_lengths)} + block exceeds the target's {limit} positions")
 
-    device, sync = drafter.device, device_synchronizer(drafter.device)
-    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-    ids = token_ids[:, :needed].to(target.device)
-    outputs = target(ids, output_hidden_states=hidden_state_indices(drafter.config.target_layer_ids))
-    features = gather_target_features(outputs.hidden_states, drafter.config.target_layer_ids).to(device)
-    del outputs
-
-    all_positions = torch.arange(needed + block_size, device=device).unsqueeze(0)
-
-    def positions(start: int, length: int) -> torch.LongTensor:
-        return all_positions[:, start : start + length]
-
+    ids, features = record_features(target, drafter, token_ids[:, :needed])
+    head = drafter.draft_head(target.get_output_embeddings())
     results = []
     bar = tqdm(total=len(context_lengths) * (repeats + warmup), desc="carry overhead", disable=not progress)
     for length in context_lengths:
-        cache = DrafterContextBuffer(drafter, max_positions=length + block_size)
-        # Fill the context buffer once, as the rounds before this one would have; the last `new_context_rows` rows
-        # are this round's new context, fused by every timed proposal.
-        committed = length - new_context_rows
-        drafter(
-            block_embeds=embed_block_tokens(embed, ids[:, :1]).to(device),
-            block_position_ids=positions(length - 1, 1),
-            context_features=features[:, :committed],
-            context_position_ids=positions(0, committed),
-            past_key_values=cache,
-            use_cache=True,
-        )
-        new_context = (features[:, committed:length], positions(committed, new_context_rows)) if new_context_rows else None
-        block_ids = torch.full((1, block_size), drafter.config.mask_token_id, device=ids.device)
-        block_ids[:, 0] = ids[:, length]
-        block_embeds = embed_block_tokens(embed, block_ids).to(device)
-        carry = features[:, length : length + num_carry]
-        target_cache = DynamicCache(config=target.config)
-        target(ids[:, :length], past_key_values=target_cache, use_cache=True)
-        token = ids[:, length : length + 1]
-
-        times = {False: [], True: [], "target": []}
+        round_ = RecordedRound(target, drafter, head, ids, features, length, new_context_rows)
+        times = {False: [], True: []}  # proposal ms without / with carry
+        steps = {False: [], True: []}  # ms of the target step right before each of them
         for step in range(warmup + repeats):
-            order = (False, True, "target") if step % 2 == 0 else ("target", True, False)
-            for what in order:
-                if what == "target":
-                    elapsed = _time_target_step(target, token, target_cache, sync)
-                else:
-                    elapsed = _time_proposal(
-                        drafter, lm_head, block_embeds, positions(length, block_size), cache, new_context,
-                        (carry, positions(length, num_carry)) if what else None, sync,
-                    )
+            for with_carry in (False, True) if step % 2 == 0 else (True, False):
+                step_ms, proposal_ms = round_.time(with_carry)
                 if step >= warmup:
-                    times[what].append(elapsed)
+                    steps[with_carry].append(step_ms)
+                    times[with_carry].append(proposal_ms)
             bar.update(1)
-        if cache.get_seq_length() != committed:  # every proposal must see the same context
-            raise RuntimeError(f"context cache holds {cache.get_seq_length()} rows after timing (expected {committed})")
-        off, on, step_ms = np.array(times[False]), np.array(times[True]), np.array(times["target"])
+        round_.check()
+        off, on = np.array(times[False]), np.array(times[True])
+        step_ms = np.array(steps[False] + steps[True])
         interval = {"n_resamples": n_resamples, "confidence": confidence, "seed": seed}
         difference = bootstrap_interval([on, off], mean_difference, **interval)
         relative = bootstrap_interval([on, off], lambda a, b, axis=-1: np.mean(a, axis) / np.mean(b, axis) - 1, **interval)
         over_step = {
-            name: bootstrap_interval([x, step_ms], lambda a, b, axis=-1: np.mean(a, axis) / np.mean(b, axis), **interval).to_dict()
-            for name, x in (("proposal_without_carry_per_target_step", off), ("proposal_with_carry_per_target_step", on))
+            name: bootstrap_interval([x, np.array(steps[carried])], lambda a, b, axis=-1: np.mean(a, axis) / np.mean(b, axis),
+                                     **interval).to_dict()  # fmt: skip
+            for name, x, carried in (("proposal_without_carry_per_target_step", off, False),
+                                     ("proposal_with_carry_per_target_step", on, True))  # fmt: skip
         }
         results.append(
             {
@@ -188,20 +223,22 @@ def measure_carry_overhead(
                 **over_step,
                 "times_ms_without_carry": off.tolist(),
                 "times_ms_with_carry": on.tolist(),
-                "times_ms_target_step": step_ms.tolist(),
+                "times_ms_target_step": step_ms.tolist(),  # before the proposals without carry, then before those with
             }
         )
     bar.close()
     return {
         "block_size": block_size,
         "repeats": repeats,
+        "proposal_follows_target_step": True,  # the order since 2026-12-03 (see the module docstring)
         "warmup": warmup,
-        "device": str(device),
+        "device": str(drafter.device),
         "dtype": str(drafter.dtype).removeprefix("torch."),
         "new_context_rows": int(new_context_rows),
         "what_is_timed": "proposal: drafter forward over one block and the round's new context rows on the generation "
-        "context buffer + greedy drafts "
-        "(LM head + argmax over the B-1 proposal rows); target step: one target forward over one token on an L-token "
+        "context buffer + greedy drafts as generate picks them "
+        "(drafter.propose: LM head, a Markov drafter's transition term, argmax over the B-1 proposal rows), each right "
+        "after a target step; target step: one target forward over one token on an L-token "
         "cache (LM head included)",
         "by_context_length": results,
     }

@@ -495,7 +495,8 @@ def to_markdown(report: Mapping[str, Any]) -> str:
             "## Carry overhead in isolation",
             "",
             "One proposal (drafter forward + LM head + argmax) on the same recorded context, with 0 and with B-1 carry rows, "
-            "alternating with a target 1-token step (one forward, LM head included) on the same context. "
+            "each right after a target 1-token step (one forward, LM head included) on the same context, as every proposal "
+            "of generate follows the target's verification forward (both start from the caches that forward leaves). "
             + _new_context_sentence(report["overhead"]),
             "",
             "| drafter | context | ms, no carry | ms, B-1 carry rows | overhead ms | overhead | target step ms | "
