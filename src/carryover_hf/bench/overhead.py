@@ -35,7 +35,7 @@ from transformers.cache_utils import DynamicCache
 from ..features import embed_block_tokens, gather_target_features, hidden_state_indices
 from ..modeling_carryover import CarryoverDrafterModel, DrafterContextBuffer
 from ..utils import device_synchronizer
-from .stats import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, bootstrap_interval, mean, mean_difference
+from .stats import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, bootstrap_interval, mean, mean_difference, ratio_of_sums
 
 
 def check_new_context_rows(new_context_rows: int, context_lengths: Sequence[int], name: str = "new_context_rows") -> None:
@@ -200,10 +200,10 @@ def measure_carry_overhead(
         step_ms = np.array(steps[False] + steps[True])
         interval = {"n_resamples": n_resamples, "confidence": confidence, "seed": seed}
         difference = bootstrap_interval([on, off], mean_difference, **interval)
-        relative = bootstrap_interval([on, off], lambda a, b, axis=-1: np.mean(a, axis) / np.mean(b, axis) - 1, **interval)
+        # Paired samples of equal length: a ratio of sums is the ratio of their means.
+        relative = bootstrap_interval([on, off], lambda a, b, axis=-1: ratio_of_sums(a, b, axis) - 1, **interval)
         over_step = {
-            name: bootstrap_interval([x, np.array(steps[carried])], lambda a, b, axis=-1: np.mean(a, axis) / np.mean(b, axis),
-                                     **interval).to_dict()  # fmt: skip
+            name: bootstrap_interval([x, np.array(steps[carried])], ratio_of_sums, **interval).to_dict()
             for name, x, carried in (("proposal_without_carry_per_target_step", off, False),
                                      ("proposal_with_carry_per_target_step", on, True))  # fmt: skip
         }
