@@ -1,6 +1,6 @@
 """Where a method's rounds came from, per method of a journaled benchmark: plain steps, context lookups, drafter.
 
-    python benchmarks/journal_proposal_sources.py benchmarks/results/smollm2-135m-0.2-backoff-t1 --block_size 4
+    python benchmarks/journal_proposal_sources.py benchmarks/results/smollm2-135m-0.2-head-t1 --block_size 4
 
 A round with no draft is a plain target step; one with more drafts than the drafter's block allows
 (`block_size - 1`) was a context lookup (`lookup_drafts` above `block_size - 1`, as in the 0.2 benchmarks); the rest

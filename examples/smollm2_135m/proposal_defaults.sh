@@ -2,6 +2,6 @@
 # generate(assistant_model=drafter) uses unless the call passes its own; 0 = off): the setting the 0.2 benchmark
 # measured fastest at T = 0 on a CPU, context lookup of 10 tokens in front of the drafter and proposal backoff 8
 # (benchmarks/results/smollm2-135m-0.2-t0/, docs/smollm2.md; without them a plain generate ran at 0.90x).
-# Sourced by release_0_2.sh and gpu.sh; tests/test_shipped_drafters.py reads it too.
+# Sourced by experiments/smollm2_135m/release_0_2.sh and gpu.sh; tests/test_shipped_drafters.py reads it too.
 SMOLLM2_LOOKUP_DRAFTS=10
 SMOLLM2_PROPOSAL_BACKOFF=8

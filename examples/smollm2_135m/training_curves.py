@@ -1,11 +1,12 @@
-"""Record the training runs of the shipped SmolLM2-135M drafters: loss curves (JSON + PNG) and each run's arguments.
+"""Record the training runs of SmolLM2-135M drafters: loss curves (JSON + PNG) and each run's arguments.
 
-    python examples/smollm2_135m/training_curves.py runs/smollm2-135m benchmarks/results/smollm2-135m-training
     python examples/smollm2_135m/training_curves.py RUNS OUT/curves examples/smollm2_135m/gpu.sh   # the GPU fast path
+    python examples/smollm2_135m/training_curves.py runs/smollm2-135m runs/smollm2-135m-curves     # the 0.1 runs
 
 Reads `trainer_state.json` (its `log_history`) and `training_args.bin`-free metadata from each run folder of
-`reproduce.sh` or `gpu.sh` (baseline, continued, carryover; the optional third argument names the script that made
-them, default reproduce.sh) and writes `<run>.json`, `curves.png` and `README.md` to the output.
+`gpu.sh` or `experiments/smollm2_135m/reproduce.sh` (baseline, continued, carryover; the optional third argument
+names the script that made them, default reproduce.sh) and writes `<run>.json`, `curves.png` and `README.md` to the
+output.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def _state(run: Path) -> dict:
     raise FileNotFoundError(f"no trainer_state.json in {run} or its checkpoints")
 
 
-def main(runs_dir: str, output_dir: str, script: str = "examples/smollm2_135m/reproduce.sh") -> None:
+def main(runs_dir: str, output_dir: str, script: str = "experiments/smollm2_135m/reproduce.sh") -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -10,7 +10,7 @@ Each timed proposal is one greedy round of `generate` (`carryover_hf.bench.overh
 context row, B-1 carry rows when the drafter carries, the greedy drafts) right after a target 1-token step on the same
 context, as in generation; the two variants take turns going first, at each context length, in one process.
 
-    python benchmarks/proposal_head_batching.py --threads 1 --output benchmarks/results/smollm2-135m-proposal-head-batching
+    python experiments/proposal_head_batching.py --threads 1 --output benchmarks/results/smollm2-135m-proposal-head-batching
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def main() -> None:
         "threads": args.threads,
         "cpu_kernels": kernels,
         "machine": machine(target.device),
-        "command": "python benchmarks/proposal_head_batching.py " + " ".join(
+        "command": "python experiments/proposal_head_batching.py " + " ".join(
             f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items()
         ),
         "by_context_length": rows,

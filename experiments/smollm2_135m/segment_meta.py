@@ -2,7 +2,7 @@
 machine. `chain_curves.py` copies it into the training record, so the record says how the run was made even when the
 run folder is gone (a later session's machine may not have it).
 
-    python examples/smollm2_135m/segment_meta.py FOLDER NOTE DATA COMMAND...
+    python experiments/smollm2_135m/segment_meta.py FOLDER NOTE DATA COMMAND...
 
 A folder that already has one keeps it (a resumed run is the same segment).
 """
