@@ -224,3 +224,18 @@ def test_text_prompts_go_through_the_chat_template_end_to_end(tmp_path):
                            settings=settings, output_dir=str(tmp_path), progress=False)
     assert report["correctness"]["passed"]
     assert {r["prompt_tokens"] for r in report["runs"] if r["prompt_id"] == "t0"} == {ids.shape[1]}
+
+
+def test_suite_names_resolve_to_the_shipped_suites(tmp_path):
+    from carryover_hf.bench.prompts import default_suite_dir, resolve_suite
+    from carryover_hf.resources import PROMPT_SUITES_DIR
+
+    assert default_suite_dir() == PROMPT_SUITES_DIR and (PROMPT_SUITES_DIR / "manifest.json").is_file()
+    # "assets/prompts", the suites' former folder in the repository, names them from any working directory.
+    for name in ("suites", "assets/prompts", "assets/prompts/"):
+        assert resolve_suite(name) == PROMPT_SUITES_DIR
+    for name in ("eval/qa", "eval/qa.jsonl", "assets/prompts/eval/qa.jsonl"):
+        assert resolve_suite(name) == PROMPT_SUITES_DIR / "eval" / "qa.jsonl"
+    with pytest.raises(FileNotFoundError, match="No prompt file or suite folder '/eval/qa'"):
+        resolve_suite("/eval/qa")  # a path that is not there is not a name
+    assert resolve_suite(str(tmp_path)) == tmp_path

@@ -1,8 +1,7 @@
-"""hub_configs/: ready drafter configs for real targets, and `carryover-hf init`."""
+"""The shipped hub configs (carryover_hf/assets/hub_configs/): ready drafter configs for real targets, and
+`carryover-hf init`."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from carryover_hf.configuration_carryover import default_target_layer_ids
 from carryover_hf.hub import available_hub_configs, init_drafter, load_hub_config
 from carryover_hf.hub.configs import main as init_main
 from carryover_hf.hub.convert import drafter_config_from_checkpoint
-from carryover_hf.testing import tiny_target
+from carryover_hf.testing import tiny_hub_config, tiny_target
 
 
 # Published layouts (see docs/hub.md for the sources): z-lab/Qwen3-4B-DFlash-b16 and z-lab/Qwen3-8B-DFlash-b16,
@@ -77,28 +76,10 @@ def test_qwen3_4b_config_is_what_the_zlab_checkpoint_imports_as():
     assert float(imported.rope_parameters["rope_theta"]) == shipped.rope_parameters["rope_theta"]
 
 
-def _tiny_hub_config(tmp_path, target, kind="markov", repo_id=None):
-    text = target.config
-    path = tmp_path / f"tiny-{kind}.json"
-    path.write_text(json.dumps({
-        "repo_id": repo_id or f"org/tiny-carryover-{kind}",
-        "target": "org/tiny-target",
-        "drafter_config": dict(
-            target_name_or_path="org/tiny-target", target_hidden_size=text.hidden_size,
-            target_num_hidden_layers=text.num_hidden_layers, vocab_size=text.vocab_size, target_layer_ids=[0, 2],
-            block_size=4, mask_token_id=text.vocab_size - 1, drafter_type=kind, markov_rank=8,
-            hidden_size=text.hidden_size, intermediate_size=2 * text.hidden_size, num_hidden_layers=1,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=text.hidden_size // 4,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        ),
-    }))
-    return path
-
-
 def test_init_command_builds_a_drafter_for_its_target(tmp_path, capsys):
     target = tiny_target("llama", vocab_size=64, hidden_size=64, num_hidden_layers=4)
     target.save_pretrained(tmp_path / "target")
-    config_file = _tiny_hub_config(tmp_path, target)
+    config_file = tiny_hub_config(tmp_path, target)
     assert init_main([str(config_file), str(tmp_path / "drafter"), "--target", str(tmp_path / "target")]) == 0
     assert "org/tiny-carryover-markov" in capsys.readouterr().out
     assert {p.name for p in (tmp_path / "drafter").iterdir()} == {"config.json", "model.safetensors", "README.md"}
@@ -114,7 +95,7 @@ def test_init_command_builds_a_drafter_for_its_target(tmp_path, capsys):
 
 def test_init_rejects_a_mismatching_target(tmp_path, capsys):
     target = tiny_target("llama", vocab_size=64, hidden_size=64, num_hidden_layers=4)
-    config_file = _tiny_hub_config(tmp_path, target)
+    config_file = tiny_hub_config(tmp_path, target)
     tiny_target("llama", vocab_size=64, hidden_size=32, num_hidden_layers=4).save_pretrained(tmp_path / "other")
     assert init_main([str(config_file), str(tmp_path / "drafter"), "--target", str(tmp_path / "other")]) == 1
     assert "hidden size: drafter expects 64, target has 32" in capsys.readouterr().err
@@ -124,12 +105,12 @@ def test_init_rejects_a_mismatching_target(tmp_path, capsys):
 def test_hub_config_repo_name_must_follow_the_convention(tmp_path):
     target = tiny_target("llama", vocab_size=64, hidden_size=64, num_hidden_layers=4)
     with pytest.raises(ValueError, match="carryover-dflash"):
-        load_hub_config(_tiny_hub_config(tmp_path, target, kind="dflash", repo_id="org/tiny-drafter"))
+        load_hub_config(tiny_hub_config(tmp_path, target, kind="dflash", repo_id="org/tiny-drafter"))
     with pytest.raises(ValueError, match="carryover-dflash"):
-        load_hub_config(_tiny_hub_config(tmp_path, target, kind="dflash", repo_id="org/tiny-carryover-markov"))
+        load_hub_config(tiny_hub_config(tmp_path, target, kind="dflash", repo_id="org/tiny-carryover-markov"))
 
 
 def test_init_drafter_is_seeded(tmp_path):
-    config_file = _tiny_hub_config(tmp_path, tiny_target("llama", vocab_size=64, hidden_size=64, num_hidden_layers=4))
+    config_file = tiny_hub_config(tmp_path, tiny_target("llama", vocab_size=64, hidden_size=64, num_hidden_layers=4))
     first, again, other = (init_drafter(config_file, seed=seed).fc.weight for seed in (3, 3, 4))
     assert torch.equal(first, again) and not torch.equal(first, other)

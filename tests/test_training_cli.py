@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -30,6 +31,15 @@ def assets(tmp_path_factory):
     PreTrainedTokenizerFast(tokenizer_object=words, unk_token="t0", eos_token="t1").save_pretrained(root / "target")
     regenerate_random_prompts(target, num_rows=8, prompt_length=6, response_length=20).save_to_disk(root / "data")
     return root
+
+
+def _refused(capsys, argv, pattern):
+    """The command exits with status 2 and one line naming the problem (bad input, no traceback)."""
+    capsys.readouterr()
+    assert carryover_main(argv) == 2
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]  # after any warnings of the work done before the check
+    assert line.startswith(f"carryover-hf {argv[0]}: error: ") and re.search(pattern, line) and "Traceback" not in err
 
 
 def _common(assets, output_dir):
@@ -68,7 +78,7 @@ def test_train_command_saves_and_resumes(assets, tmp_path):
     assert (lora_out / "adapter" / "adapter_model.safetensors").is_file()
 
 
-def test_a_dflash_checkpoint_continues_as_a_markov_drafter(assets, tmp_path):
+def test_a_dflash_checkpoint_continues_as_a_markov_drafter(assets, tmp_path, capsys):
     base = tmp_path / "dflash"
     args = _common(assets, base) + ["--objective", "dflash", "--max_steps", "1", "--save_strategy", "no",
                                     "--draft_vocab_size", "24"]  # fmt: skip
@@ -90,18 +100,16 @@ def test_a_dflash_checkpoint_continues_as_a_markov_drafter(assets, tmp_path):
     for name, value in dflash.state_dict().items():  # the backbone as trained (learning rate 0)
         torch.testing.assert_close(weights[name], value)
     # A Markov checkpoint is not silently turned back into a dflash one.
-    with pytest.raises(ValueError, match="Markov drafter; --drafter_type dflash would drop"):
-        carryover_main(["train", *_common(assets, tmp_path / "back"), "--drafter", str(markov_out),
-                        "--drafter_type", "dflash"])  # fmt: skip
+    _refused(capsys, ["train", *_common(assets, tmp_path / "back"), "--drafter", str(markov_out), "--drafter_type",
+                      "dflash"], "Markov drafter; --drafter_type dflash would drop")  # fmt: skip
 
 
-def test_train_command_rejects_bad_data_before_loading_models(assets, tmp_path):
-    with pytest.raises(ValueError, match="neither"):
-        carryover_main(["train", *_common(assets, tmp_path), "--dataset", str(tmp_path / "missing.txt")])
-    with pytest.raises(ValueError, match="no checkpoint"):
-        carryover_main(["train", *_common(assets, tmp_path / "empty"), "--resume_from_checkpoint", "last"])
-    with pytest.raises(ValueError, match="--max_train_samples 9: .* has only 8 rows"):
-        carryover_main(["train", *_common(assets, tmp_path), "--max_train_samples", "9"])
+def test_train_command_rejects_bad_data_before_loading_models(assets, tmp_path, capsys):
+    _refused(capsys, ["train", *_common(assets, tmp_path), "--dataset", str(tmp_path / "missing.txt")], "neither")
+    _refused(capsys, ["train", *_common(assets, tmp_path / "empty"), "--resume_from_checkpoint", "last"],
+             "no checkpoint")  # fmt: skip
+    _refused(capsys, ["train", *_common(assets, tmp_path), "--max_train_samples", "9"],
+             "--max_train_samples 9: .* has only 8 rows")  # fmt: skip
 
 
 def test_rows_of_a_regeneration_run_in_progress(tmp_path):
@@ -186,12 +194,10 @@ def test_features_then_train_from_them_with_a_draft_vocabulary(assets, tmp_path,
     assert 0.0 < record["coverage_held_out"] <= 1.0 and record["draft_vocab_size"] == 24
 
     other = _common(assets, tmp_path / "other") + ["--features", str(store), "--target_layer_ids", "1", "--max_steps", "1"]
-    with pytest.raises(ValueError, match="stores target layers"):
-        carryover_main(["train", *other])
+    _refused(capsys, ["train", *other], "stores target layers")
     other_rows = tmp_path / "other_rows"
     regenerate_random_prompts(tiny_target("llama", seed=0), num_rows=8, prompt_length=5, response_length=20,
                               seed=9).save_to_disk(other_rows)  # fmt: skip
     mismatched = _common(assets, tmp_path / "mismatch") + ["--features", str(store), "--max_steps", "1"]
     mismatched[mismatched.index("--dataset") + 1] = str(other_rows)
-    with pytest.raises(ValueError, match="other data"):
-        carryover_main(["train", *mismatched])
+    _refused(capsys, ["train", *mismatched], "other data")

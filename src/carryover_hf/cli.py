@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from .errors import USAGE_EXIT_CODE, UsageError
+
 # subcommand -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("carryover_hf.demo", "the shipped SmolLM2-135M drafter against the target alone: speedup and acceptance"),
@@ -15,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("carryover_hf.bench.cli", "benchmark drafters against the target alone and its peers"),
     "convert": ("carryover_hf.hub.convert", "import z-lab / Transformers / speculators DFlash checkpoints, or export"),
     "push": ("carryover_hf.hub.push", "save a drafter with its model card and upload it to the Hub"),
-    "init": ("carryover_hf.hub.configs", "initialise a drafter from a hub_configs/ file for its target"),
+    "init": ("carryover_hf.hub.configs", "initialise a drafter from a shipped hub config for its target"),
 }
 
 
@@ -37,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"carryover-hf: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except UsageError as error:  # bad input: one line naming the option and the fix; any other error is a bug
+        print(f"carryover-hf {name}: error: {error}", file=sys.stderr)
+        return USAGE_EXIT_CODE
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ carryover-hf demo                      # SmolLM2-135M-Instruct + carryover-hf/sm
 carryover-hf demo --drafter runs/my-drafter --categories code qa --max_new_tokens 256
 ```
 
-The drafters committed under `drafters/<org>/<name>` are placed in the local Hugging Face cache and loaded by repo id,
-exactly as after a download (`AutoModel.from_pretrained("carryover-hf/smollm2-135m-carryover-dflash")`). Each prompt
+The drafters committed under `drafters/<org>/<name>` of the source checkout are placed in the local Hugging Face cache
+and loaded by repo id, exactly as after a download
+(`AutoModel.from_pretrained("carryover-hf/smollm2-135m-carryover-dflash")`); an installed wheel does not hold them and
+finds them in that cache. Each prompt
 runs with the target alone and with the drafter, back to back, after an untimed warm-up; the demo prints both times,
 the speedup and the mean acceptance length, and checks that greedy outputs are identical. The drafter runs as the
 library is meant to be used on CPU: with its own proposal defaults (the shipped SmolLM2 drafters: context lookup 10 in
@@ -23,8 +25,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SHIPPED_DRAFTERS = Path(__file__).resolve().parents[2] / "drafters"
+from .errors import InputNotFoundError, UsageError
+from .resources import shipped_drafters_dir
+
+SHIPPED_DRAFTERS = shipped_drafters_dir()  # None outside a source checkout
 DEFAULT_DRAFTER = "carryover-hf/smollm2-135m-carryover-dflash"
+SHIPPED_ORG = DEFAULT_DRAFTER.split("/")[0]
 DEFAULT_CATEGORIES = ["translation", "qa", "math_reasoning", "code"]
 
 
@@ -64,18 +70,34 @@ class DemoArguments:
 
 def resolve_drafter(spec: str) -> tuple[str, dict]:
     """Where to load a drafter from, and the `from_pretrained` options: a shipped drafter is first put into the local
-    Hub cache and then loaded by its repo id, offline."""
+    Hub cache (from the checkout's `drafters/`) and then loaded by its repo id, offline. Outside a checkout a shipped
+    drafter must already be in that cache."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
     from .hub.local_cache import add_to_hub_cache
 
     if Path(spec).expanduser().is_dir():
         return str(Path(spec).expanduser()), {}
-    shipped = SHIPPED_DRAFTERS / spec
-    if spec.count("/") == 1 and (shipped / "config.json").is_file():
+    shipped = SHIPPED_DRAFTERS / spec if SHIPPED_DRAFTERS is not None else None
+    if spec.count("/") == 1 and shipped is not None and (shipped / "config.json").is_file():
         add_to_hub_cache(shipped, spec)
         return spec, {"local_files_only": True}
+    folders = SHIPPED_DRAFTERS.glob("*/*") if SHIPPED_DRAFTERS is not None else ()
+    available = sorted(f"{p.parent.name}/{p.name}" for p in folders if p.is_dir())
     if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
-        available = sorted(f"{p.parent.name}/{p.name}" for p in SHIPPED_DRAFTERS.glob("*/*") if p.is_dir())
-        raise FileNotFoundError(f"drafter {spec!r} is neither a folder nor a repo id; shipped drafters: {available}")
+        raise InputNotFoundError(
+            f"--drafter {spec!r} is neither a folder nor a repo id; shipped drafters: {available}"
+        )
+    if spec.split("/")[0] == SHIPPED_ORG:  # a drafter of the repository, not published on the Hub
+        if isinstance(try_to_load_from_cache(spec, "config.json"), str):
+            return spec, {"local_files_only": True}
+        if SHIPPED_DRAFTERS is not None:
+            raise InputNotFoundError(f"--drafter {spec} is not a shipped drafter; shipped drafters: {available}")
+        raise InputNotFoundError(
+            f"--drafter {spec} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}); it ships in the "
+            f"carryover-hf repository, not the wheel: pass --drafter <repository>/drafters/{spec}, or run "
+            "`carryover-hf demo` once from a source checkout (an editable install), which puts it in the cache."
+        )
     return spec, {}
 
 
@@ -104,7 +126,7 @@ def _check_args(args: DemoArguments) -> None:
         except ValueError as error:
             problems.append(str(error))
     if problems:
-        raise ValueError("; ".join(problems))
+        raise UsageError("; ".join(problems))
 
 
 def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, prompts=None) -> dict:
@@ -120,6 +142,8 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
         torch.set_num_threads(args.threads)
     if prompts is None:
         prompts = load_prompts(default_suite_dir(), args.categories, "eval", args.prompts_per_category)
+    if drafter is None:  # where it comes from is known before the target loads: a missing drafter fails first
+        source, options = resolve_drafter(args.drafter)
     if target is None:
         from .targets import load_target
 
@@ -127,7 +151,6 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
     if drafter is None:
         from .hub.loading import load_drafter
 
-        source, options = resolve_drafter(args.drafter)
         drafter = load_drafter(source, target, **options)
     cpu_kernels = resolve_cpu_kernels(args.cpu_kernels, target.dtype, target.device)
     if cpu_kernels:

@@ -26,8 +26,17 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import logging
+
+from .errors import UsageError
 
 logger = logging.get_logger(__name__)
 
@@ -46,8 +55,9 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
            "float16": torch.float16, "fp16": torch.float16, "auto": "auto"}  # fmt: skip
 
 
-class TargetLoadingError(RuntimeError):
-    """A target could not be found or read; the message says what is wrong and how to fix it."""
+class TargetLoadingError(UsageError, RuntimeError):
+    """A target could not be found or read; the message says what is wrong and how to fix it (the command line prints
+    it on one line, as other bad input)."""
 
 
 def default_cache_dir() -> Path:
@@ -226,15 +236,17 @@ def check_model_folder(folder: str | os.PathLike, need_tokenizer: bool = True) -
         )
 
 
-def _resolve_source(name: str, cache_dir, revision) -> tuple[Path | str, dict, str | None]:
-    """Where a target's files come from: (folder or Hub id, `from_pretrained` kwargs, name to record)."""
+def _resolve_source(name: str, cache_dir, revision, need_weights: bool = True) -> tuple[Path | str, dict, str | None]:
+    """Where a target's files come from: (folder or Hub id, `from_pretrained` kwargs, name to record). A local folder
+    is checked for weights and tokenizer unless `need_weights` is off (only its config is read then)."""
     if name in TARGET_ALIASES:
         source = prepare_smollm2(cache_dir)
         check_model_folder(source)
         return source, {}, TARGET_ALIASES[name]
     if Path(name).expanduser().exists():
         source = Path(name).expanduser()
-        check_model_folder(source)
+        if need_weights:
+            check_model_folder(source)
         return source, {}, None
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise TargetLoadingError(f"{name} does not exist (expected a model folder, a Hub id or {SMOLLM2_ALIAS!r}).")
@@ -252,6 +264,22 @@ def load_target_tokenizer(
         return AutoTokenizer.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as error:
         raise TargetLoadingError(f"Could not load the tokenizer of target {name_or_path!r}: {error}") from error
+
+
+def load_target_config(
+    name_or_path: str | os.PathLike = SMOLLM2_ALIAS,
+    cache_dir: str | os.PathLike | None = None,
+    revision: str | None = None,
+) -> PretrainedConfig:
+    """The config `load_target` would give the model, without loading its weights (nor its tokenizer)."""
+    source, kwargs, recorded_name = _resolve_source(str(name_or_path), cache_dir, revision, need_weights=False)
+    try:
+        config = AutoConfig.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as error:
+        raise TargetLoadingError(f"Could not read the config of target {name_or_path!r}: {error}") from error
+    if recorded_name is not None:
+        config._name_or_path = recorded_name
+    return config
 
 
 def load_target(
@@ -306,5 +334,6 @@ __all__ = [
     "load_target_tokenizer",
     "find_smollm2_gguf",
     "load_target",
+    "load_target_config",
     "prepare_smollm2",
 ]

@@ -85,6 +85,28 @@ def tiny_drafter(
 
 
 
+def tiny_hub_config(
+    folder: str | Path, target: PreTrainedModel, kind: str = "markov", repo_id: str | None = None
+) -> Path:
+    """A hub config file (`carryover-hf init`'s input, as the shipped `assets/hub_configs/*.json`) for a 1-layer drafter
+    of a tiny `target`, recorded as `org/tiny-target`; written to `folder/tiny-<kind>.json`."""
+    text = target.config
+    path = Path(folder) / f"tiny-{kind}.json"
+    path.write_text(json.dumps({
+        "repo_id": repo_id or f"org/tiny-carryover-{kind}",
+        "target": "org/tiny-target",
+        "drafter_config": dict(
+            target_name_or_path="org/tiny-target", target_hidden_size=text.hidden_size,
+            target_num_hidden_layers=text.num_hidden_layers, vocab_size=text.vocab_size, target_layer_ids=[0, 2],
+            block_size=4, mask_token_id=text.vocab_size - 1, drafter_type=kind, markov_rank=8,
+            hidden_size=text.hidden_size, intermediate_size=2 * text.hidden_size, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=text.hidden_size // 4,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    }))  # fmt: skip
+    return path
+
+
 def skew_towards_token(target: PreTrainedModel, token_id: int, strength: float) -> PreTrainedModel:
     """Bias the (shared) LM head so that `token_id` wins for most hidden states, in place.
 
@@ -239,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
 __all__ = [
     "REHEARSAL_LAYER_IDS", "REHEARSAL_RECIPES", "REHEARSAL_SMOLLM2_TARGET", "REHEARSAL_TARGET",
     "REHEARSAL_ZLAB_DRAFTER", "TINY_ARCHITECTURES", "build_rehearsal_hub",
-    "save_zlab_checkpoint", "skew_towards_token", "tiny_drafter", "tiny_target", "tiny_zlab_checkpoint", "zlab_config",
+    "save_zlab_checkpoint", "skew_towards_token", "tiny_drafter", "tiny_hub_config", "tiny_target",
+    "tiny_zlab_checkpoint", "zlab_config",
 ]  # fmt: skip
 
 

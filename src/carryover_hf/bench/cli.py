@@ -20,7 +20,7 @@ from .runner import BenchmarkSettings, CorrectnessError, check_shard, run_benchm
 TINY_DRAFTERS = ("tiny", "tiny-markov")
 EXAMPLES = """examples:
   carryover-hf bench --target smollm2-135m --drafter base=ckpt/baseline --drafter carry=ckpt/carryover \\
-      --prompts assets/prompts --num-prompts 20 --temperatures 0 1 --max-new-tokens 128
+      --prompts suites --num-prompts 20 --temperatures 0 1 --max-new-tokens 128
   carryover-hf bench --target tiny --drafter tiny --drafter tiny-markov    # smoke run on tiny random models
 
 See docs/bench.md for what is measured and how."""
@@ -42,8 +42,8 @@ class BenchArguments:
     prompts: str | None = field(
         default=None,
         metadata={"help": "JSONL prompt file (fields: prompt, turns or input_ids; category; split), or a suite folder of "
-                  "<split>/<category>.jsonl (default: assets/prompts/, eval split). With --target tiny: synthetic "
-                  "token prompts."},
+                  "<split>/<category>.jsonl (default: the shipped suites, 'suites', eval split). With --target tiny: "
+                  "synthetic token prompts."},
     )
     category: list[str] = field(default_factory=list, metadata={"help": "Keep only these categories.", "action": "extend"})
     split: str | None = field(default=None, metadata={"help": "Keep only this split (suite folders: default 'eval')."})
@@ -178,14 +178,9 @@ def main(argv: list[str] | None = None) -> int:
             prompts = load_prompts(args.prompts, args.category or None, args.split, args.num_prompts)
         elif tiny:
             prompts = tiny_prompts(2 * (args.num_prompts or 4))
-        elif default_suite_dir().is_dir():
+        else:  # the shipped suites
             args.prompts = str(default_suite_dir())
             prompts = load_prompts(args.prompts, args.category or None, args.split, args.num_prompts)
-        else:
-            raise ValueError(
-                "--prompts is required: a JSONL file or a suite folder (build assets/prompts/ with "
-                "`carryover-hf prompts build`)"
-            )
         names = [_drafter_spec(s) for s in args.drafter]
         duplicates = sorted({n for n, _ in names if [m for m, _ in names].count(n) > 1})
         if duplicates:

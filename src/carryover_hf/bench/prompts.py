@@ -2,7 +2,8 @@
 
 A line holds `prompt` (a string, or a list of chat messages), or `turns` (user turns, with an optional `system`
 message: the suite format), or `input_ids` (token ids, for tokenizer-less targets); `category` defaults to "default";
-`split` and `id` are optional. A suite folder (default `assets/prompts/`) holds `<split>/<category>.jsonl`.
+`split` and `id` are optional. A suite folder (default: the shipped suites, `default_suite_dir()`) holds
+`<split>/<category>.jsonl`.
 
 Multi-turn prompts are benchmarked on their first user turn (with the system message); the report counts them.
 """
@@ -18,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ..resources import PROMPT_SUITES_DIR
+from ..resources import resolve_prompt_suite as resolve_suite
 
 @dataclass
 class Prompt:
@@ -31,33 +34,9 @@ class Prompt:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[3]
-
-
 def default_suite_dir() -> Path:
-    """The committed suites folder (`assets/prompts/` of the source tree)."""
-    return _repo_root() / "assets" / "prompts"
-
-
-def resolve_suite(name_or_path: str) -> Path:
-    """A JSONL file or suite folder as given, or a name under `assets/prompts/` (of the working directory or the
-    source tree); `"suites"` names the whole suite folder."""
-    path = Path(name_or_path).expanduser()
-    if path.is_file() or path.is_dir():
-        return path
-    roots = [Path.cwd() / "assets" / "prompts", default_suite_dir()]
-    for root in roots:
-        if name_or_path == "suites" and root.is_dir():
-            return root
-        for candidate in (root / name_or_path, root / f"{name_or_path}.jsonl"):
-            if candidate.is_file() or candidate.is_dir():
-                return candidate
-    known = sorted({str(p.relative_to(root)) for root in roots if root.is_dir() for p in root.glob("**/*.jsonl")})
-    raise FileNotFoundError(
-        f"No prompt file or suite folder {name_or_path!r}: give a JSONL path, a folder of <split>/<category>.jsonl, or "
-        f"a name under assets/prompts/ ({', '.join(known[:12]) if known else 'none found; build the suites with `carryover-hf prompts build`'})."
-    )
+    """The prompt suites shipped with the package (`resources.PROMPT_SUITES_DIR`)."""
+    return PROMPT_SUITES_DIR
 
 
 def _row_to_prompt(row: Any, where: str, default_id: str) -> Prompt:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..resources import checkout_root
 from . import stats
 
 SCHEMA = "carryover-hf-bench/1"
@@ -191,7 +192,10 @@ def _version(package: str) -> str | None:
 
 
 def _git_commit() -> dict[str, Any] | None:
-    root = Path(__file__).resolve().parents[3]
+    """The source checkout's commit, when the package runs from one (None for an installed wheel)."""
+    root = checkout_root()
+    if root is None:
+        return None
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False)
         status = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True, timeout=10, check=False)

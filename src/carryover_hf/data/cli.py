@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import UsageError
+from ..resources import checkout_root, resolve_prompt_suite
 from . import reading
 from .sources import SourceUnavailableError
 from .suites import CATEGORIES, DEFAULT_SEED, DEFAULT_TRAIN_SIZE, MANIFEST, PROMPTS_DIR, build_suites, write_suites
@@ -18,7 +20,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="carryover-hf prompts", description=__doc__)
     sub = parser.add_subparsers(dest="action", required=True)
     build = sub.add_parser("build", help="build train/eval prompt suites from the offline sources")
-    build.add_argument("--output", type=Path, default=PROMPTS_DIR, help=f"output folder (default {PROMPTS_DIR})")
+    build.add_argument("--output", type=Path, default=None,
+                       help=f"output folder (default in a source checkout: the shipped suites, {PROMPTS_DIR})")
     build.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of every random choice (default %(default)s)")
     build.add_argument("--train-size", type=int, default=DEFAULT_TRAIN_SIZE, help="train prompts per category (at most)")
     build.add_argument("--categories", nargs="+", default=list(CATEGORIES), choices=CATEGORIES, metavar="CATEGORY",
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({summary['rows_with_reference']} rows with a reference)")
         return 0
     if args.action == "show":
-        path = args.prompts_dir / MANIFEST
+        path = resolve_prompt_suite(args.prompts_dir) / MANIFEST
         if not path.is_file():
             print(f"no {MANIFEST} in {args.prompts_dir}; build the suites with `carryover-hf prompts build`", file=sys.stderr)
             return 1
@@ -55,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.train_size < 1:
         print("--train-size must be positive", file=sys.stderr)
         return 2
+    if args.output is None:
+        if checkout_root() is None:  # the shipped suites are part of the installed package: not rewritten in place
+            raise UsageError("--output is required outside a source checkout: give the folder to build the suites in.")
+        args.output = PROMPTS_DIR
     start = time.time()
     try:
         suites = build_suites(seed=args.seed, categories=args.categories, train_size=args.train_size,

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import InputNotFoundError
+from ..resources import PROMPT_SUITES_DIR, resolve_prompt_suite
 from . import sources as S
 from . import templates as T
 
@@ -44,8 +46,8 @@ MIN_TRAIN_SIZE = 300
 NEAR_DUPLICATE_THRESHOLD = 0.5
 SHINGLE_SIZE = 5
 DEFAULT_SEED = 20260601
-# The committed suites live in the repository's assets/ folder (not shipped inside the wheel).
-PROMPTS_DIR = Path(__file__).resolve().parents[3] / "assets" / "prompts"
+# The built suites ship with the package (both splits and the manifest; carryover_hf/assets/prompts in the checkout).
+PROMPTS_DIR = PROMPT_SUITES_DIR
 PROJECT_LICENSE = "Apache-2.0 (templates written for carryover-hf)"
 MANIFEST = "manifest.json"
 
@@ -766,13 +768,13 @@ def load_prompts(
     """Prompt records of `split` for `categories` (all by default), in file order."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    folder = Path(prompts_dir) if prompts_dir is not None else PROMPTS_DIR
+    folder = resolve_prompt_suite(prompts_dir) if prompts_dir is not None else PROMPTS_DIR
     categories = list(categories) if categories is not None else list(CATEGORIES)
     records = []
     for category in categories:
         path = folder / split / f"{category}.jsonl"
         if not path.is_file():
-            raise FileNotFoundError(
+            raise InputNotFoundError(
                 f"{path} does not exist. Build the suites with `carryover-hf prompts build --output {folder}` "
                 f"(categories: {list(CATEGORIES)})."
             )

@@ -10,9 +10,8 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 
 from ..configuration_carryover import CarryoverDrafterConfig
+from ..resources import MODEL_CARD_TEMPLATE as DEFAULT_TEMPLATE
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_TEMPLATE = REPO_ROOT / "model_cards" / "carryover_drafter.md"
 LIBRARY_NAME = "transformers"
 PIPELINE_TAG = "text-generation"
 # How the card names the proposal defaults a drafter is published with (configuration_carryover.PROPOSAL_OPTIONS).
@@ -109,7 +108,7 @@ def render_model_card(
     export_format: str | None = None,
     template_path: str | Path | None = None,
 ) -> ModelCard:
-    """Render the drafter's model card (`README.md`) from `model_cards/carryover_drafter.md`.
+    """Render the drafter's model card (`README.md`) from the shipped template (`resources.MODEL_CARD_TEMPLATE`).
 
     Args:
         config: the drafter's config; target, layout and carryover flags are read from it.
@@ -122,8 +121,8 @@ def render_model_card(
     template = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
     if not template.is_file():
         raise FileNotFoundError(
-            f"Model card template {template} not found; pass template_path= (the template ships in the repository's "
-            "model_cards/ folder)."
+            f"Model card template {template} not found; pass template_path= (the template ships in the package, "
+            "carryover_hf/assets/model_cards/)."
         )
     from .. import __version__
 

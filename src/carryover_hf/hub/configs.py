@@ -1,4 +1,5 @@
-"""`carryover-hf init`: ready drafter configs for real targets (`hub_configs/*.json`) turned into initialised drafters.
+"""`carryover-hf init`: ready drafter configs for real targets (shipped as package data,
+`carryover_hf/assets/hub_configs/*.json`) turned into initialised drafters.
 
 A hub config names the Hub repository the drafter is published under, its target, where its layout comes from, and
 the full `CarryoverDrafterConfig`. `init_drafter` builds a freshly initialised drafter from it (`E_carry` and a
@@ -17,21 +18,23 @@ from typing import Any
 
 import torch
 from huggingface_hub.errors import StrictDataclassClassValidationError
-from transformers import AutoConfig, PretrainedConfig
+from transformers import PretrainedConfig
 
 from ..compatibility import DrafterTargetMismatchError, check_compatibility
 from ..configuration_carryover import CarryoverDrafterConfig
+from ..errors import InputNotFoundError, UsageError
 from ..modeling_carryover import CarryoverDrafterModel
+from ..resources import HUB_CONFIGS_DIR
+from ..targets import load_target_config
 from .card import render_model_card
 
 
-HUB_CONFIGS_DIR = Path(__file__).resolve().parents[3] / "hub_configs"
 REPO_NAME = re.compile(r"^[\w.-]+/(?P<target>[\w.-]+)-carryover-(?P<kind>dflash|markov)$")
 
 
 @dataclass
 class HubConfig:
-    """One `hub_configs/*.json` file."""
+    """One hub config file (`carryover_hf/assets/hub_configs/*.json`)."""
 
     name: str
     repo_id: str
@@ -53,28 +56,31 @@ def _resolve(name_or_path: str | Path) -> Path:
     if candidate.is_file():
         return candidate
     known = available_hub_configs() if HUB_CONFIGS_DIR.is_dir() else []
-    raise FileNotFoundError(f"No hub config {name_or_path!r}: pass a JSON file or one of {known} (in {HUB_CONFIGS_DIR}).")
+    raise InputNotFoundError(f"No hub config {name_or_path!r}: pass a JSON file or one of {known} (see `--list`).")
 
 
 def load_hub_config(name_or_path: str | Path) -> HubConfig:
     """Read and validate a hub config: drafting fields, and a repo name of the form `org/<target>-carryover-<kind>`."""
     path = _resolve(name_or_path)
-    raw = json.loads(path.read_text())
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UsageError(f"{path} is not a hub config: not JSON ({error}).") from error
     missing = [key for key in ("repo_id", "target", "drafter_config") if key not in raw]
     if missing:
-        raise ValueError(f"{path} lacks {missing}; a hub config needs repo_id, target and drafter_config.")
+        raise UsageError(f"{path} lacks {missing}; a hub config needs repo_id, target and drafter_config.")
     try:  # the config validates its drafting fields on construction
         config = CarryoverDrafterConfig(**raw["drafter_config"])
     except (ValueError, TypeError, StrictDataclassClassValidationError) as error:
-        raise ValueError(f"{path}: invalid drafter_config: {error.__cause__ or error}") from error
+        raise UsageError(f"{path}: invalid drafter_config: {error.__cause__ or error}") from error
     match = REPO_NAME.match(raw["repo_id"])
     if match is None or match["kind"] != config.drafter_type:
-        raise ValueError(
+        raise UsageError(
             f"{path}: repo_id {raw['repo_id']!r} must read 'org/<target>-carryover-{config.drafter_type}' for a "
             f"{config.drafter_type} drafter."
         )
     if config.target_name_or_path != raw["target"]:
-        raise ValueError(f"{path}: drafter_config.target_name_or_path must equal target {raw['target']!r}.")
+        raise UsageError(f"{path}: drafter_config.target_name_or_path must equal target {raw['target']!r}.")
     return HubConfig(
         name=path.stem,
         repo_id=raw["repo_id"],
@@ -101,7 +107,7 @@ def init_drafter(
     """
     hub = load_hub_config(name_or_path)
     if target is not None:
-        target_config = target if isinstance(target, PretrainedConfig) else AutoConfig.from_pretrained(str(target))
+        target_config = target if isinstance(target, PretrainedConfig) else load_target_config(target)
         check_compatibility(hub.config, target_config, check_name=not ignore_target_name)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -112,7 +118,8 @@ def init_drafter(
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="carryover-hf init",
-        description="Initialise a drafter from a hub config (hub_configs/*.json) and save it with its model card.",
+        description="Initialise a drafter from a hub config (a shipped one, see --list, or a JSON file) and save it "
+        "with its model card.",
     )
     parser.add_argument("config", nargs="?", help="hub config name (e.g. qwen3-4b-dflash) or JSON file")
     parser.add_argument("out", nargs="?", help="folder to save the initialised drafter to")

@@ -151,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         evaluation = None
         if args.evaluation:
+            if not Path(args.evaluation).is_file():
+                raise ValueError(f"--evaluation {args.evaluation} does not exist; give a JSON file of evaluation rows "
+                                 "or a bench report (results.json).")  # fmt: skip
             evaluation = json.loads(Path(args.evaluation).read_text())
             if isinstance(evaluation, dict) and "results" in evaluation:
                 if not args.evaluation_method:

@@ -21,6 +21,7 @@ from transformers import HfArgumentParser, set_seed
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
+from ..errors import UsageError
 from .arguments import CarryoverTrainingArguments
 
 logger = logging.get_logger(__name__)
@@ -157,7 +158,7 @@ def load_rows(path: str, name: str = "dataset"):
     from ..data.regenerate import STATE_FILE, load_regenerated
 
     if path is None:
-        raise ValueError(f"--{name} is required: the recorded target responses to train on.")
+        raise UsageError(f"--{name} is required: the recorded target responses to train on.")
     if "," in path:
         return load_regenerated(path)  # several run folders (other formats are single paths)
     if os.path.isfile(os.path.join(path, STATE_FILE)):
@@ -166,7 +167,7 @@ def load_rows(path: str, name: str = "dataset"):
         rows = datasets.load_from_disk(path)
         if isinstance(rows, datasets.DatasetDict):
             if "train" not in rows:
-                raise ValueError(
+                raise UsageError(
                     f"{path} holds splits {list(rows)}; save the training split alone or name it 'train'."
                 )
             rows = rows["train"]
@@ -174,7 +175,7 @@ def load_rows(path: str, name: str = "dataset"):
     builders = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".arrow": "arrow"}
     extension = os.path.splitext(path)[1].lower()
     if not os.path.isfile(path) or extension not in builders:
-        raise ValueError(
+        raise UsageError(
             f"--{name} {path!r} is neither a `Dataset.save_to_disk` folder nor a {sorted(builders)} file."
         )
     return datasets.load_dataset(builders[extension], data_files=path, split="train")
@@ -271,7 +272,7 @@ def _restrict_markov_inputs(drafter, mode: str, new_head: bool) -> None:
         return  # already restricted
     if drafter.draft_token_ids is None:
         if mode == "draft":
-            raise ValueError(
+            raise UsageError(
                 "--markov_inputs draft needs a drafter with a draft vocabulary (--draft_vocab_size for a new one)."
             )
         return
@@ -287,9 +288,15 @@ def _checkpoint_kind(model_args: ModelArguments) -> str:
     """The kind of the --drafter checkpoint, checked against --drafter_type (a cheap check: the config alone)."""
     from ..configuration_carryover import CarryoverDrafterConfig
 
-    kind = CarryoverDrafterConfig.from_pretrained(model_args.drafter).drafter_type
+    try:
+        kind = CarryoverDrafterConfig.from_pretrained(model_args.drafter).drafter_type
+    except (OSError, ValueError) as error:
+        raise UsageError(
+            f"--drafter {model_args.drafter!r}: no Carryover drafter config there ({error}). Pass a saved drafter "
+            "folder or Hub id, or omit --drafter to build a new drafter."
+        ) from error
     if kind == "markov" and model_args.drafter_type == "dflash":
-        raise ValueError(
+        raise UsageError(
             f"--drafter {model_args.drafter} is a Markov drafter; --drafter_type dflash would drop its trained "
             "transition head. Omit --drafter_type to continue it as it is."
         )
@@ -313,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     from .feature_store import FeatureStore
 
     if model_args.drafter and (model_args.draft_vocab_size or model_args.init_target_layer is not None):
-        raise ValueError("--draft_vocab_size and --init_target_layer apply to new drafters; drop them with --drafter.")
+        raise UsageError("--draft_vocab_size and --init_target_layer apply to new drafters; drop them with --drafter.")
     if model_args.drafter:
         _checkpoint_kind(model_args)
     store = FeatureStore(data_args.features) if data_args.features else None
@@ -321,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     train_rows = store if store is not None else load_rows(data_args.dataset, "dataset")
     if data_args.max_train_samples is not None:
         if data_args.max_train_samples > len(train_rows):
-            raise ValueError(
+            raise UsageError(
                 f"--max_train_samples {data_args.max_train_samples}: {source} has only {len(train_rows)} "
                 "rows. Lower it, or wait for more regenerated chunks."
             )
@@ -336,9 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     if resume in ("last", "latest", "true", "True"):
         resume = get_last_checkpoint(training_args.output_dir) if os.path.isdir(training_args.output_dir) else None
         if resume is None:
-            raise ValueError(f"--resume_from_checkpoint last: no checkpoint-* folder in {training_args.output_dir}.")
+            raise UsageError(f"--resume_from_checkpoint last: no checkpoint-* folder in {training_args.output_dir}.")
     elif resume is not None and not os.path.isdir(resume):
-        raise ValueError(f"--resume_from_checkpoint {resume!r} is not a folder.")
+        raise UsageError(f"--resume_from_checkpoint {resume!r} is not a folder.")
 
     import carryover_hf  # noqa: F401  (registers the drafter with AutoModel)
 

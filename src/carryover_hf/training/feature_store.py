@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import UsageError
 from ..utils import json_fingerprint, model_fingerprint
 from .data import token_rows
 
@@ -49,7 +50,7 @@ STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32
 _TOKEN_TENSORS = ("input_ids", "loss_mask", "offsets")
 
 
-class FeatureStoreError(ValueError):
+class FeatureStoreError(UsageError):
     """A feature store that is missing, incomplete, damaged or made for another target, drafter or dataset."""
 
 
