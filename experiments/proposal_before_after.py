@@ -37,6 +37,7 @@ import carryover_hf
 from carryover_hf import CarryoverDrafterModel
 from carryover_hf.features import embed_block_tokens, gather_target_features, hidden_state_indices
 from carryover_hf.modeling_carryover import DrafterContextBuffer
+from carryover_hf.resources import PROMPT_SUITES_DIR
 from carryover_hf.targets import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +86,7 @@ def main() -> None:
     block = config.block_size
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     head = new.draft_head(lm_head)
-    prompts = [json.loads(line) for line in (ROOT / "assets/prompts/eval/writing.jsonl").read_text().splitlines()[:8]]
+    prompts = [json.loads(line) for line in (PROMPT_SUITES_DIR / "eval/writing.jsonl").read_text().splitlines()[:8]]
     text = " ".join(p["turns"][0] for p in prompts) * 20
     needed = max(args.context_lengths) + args.warmup + args.repeats + 2 * block
     ids = tokenizer(text, return_tensors="pt").input_ids[:, :needed]
