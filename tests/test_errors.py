@@ -187,11 +187,12 @@ def test_count_options_must_be_whole_numbers(target, name, unit, value):
 def test_unsupported_transformers_version_is_named_at_import(monkeypatch):
     from carryover_hf.compatibility import ALLOW_UNSUPPORTED_ENV, check_transformers_version
 
-    check_transformers_version("5.23.0")
     monkeypatch.delenv(ALLOW_UNSUPPORTED_ENV, raising=False)
-    for version in ("5.22.1", "5.24.0", "6.0.0"):
-        with pytest.raises(ImportError, match=rf"supports Transformers >=5.23,<5.24, but {version} is installed.*pip install"):
+    for version in ("5.17.0", "5.23.0", "5.25.3"):
+        check_transformers_version(version)
+    for version in ("5.16.1", "5.26.0", "6.0.0"):
+        with pytest.raises(ImportError, match=rf"supports Transformers >=5.17,<5.26, but {version} is installed.*pip install"):
             check_transformers_version(version)
     monkeypatch.setenv(ALLOW_UNSUPPORTED_ENV, "1")
     with pytest.warns(UserWarning, match="supports Transformers"):
-        check_transformers_version("5.24.0")
+        check_transformers_version("5.26.0")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import carryover_hf  # noqa: F401  (installs the generation hook)
+from carryover_hf.compatibility import ASSISTED_LOOP_CROPS_AT_EOS
 from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
 
 
@@ -65,6 +66,8 @@ def test_greedy_output_is_identical(targets, arch):
             kwargs["pad_token_id"] = kwargs["eos_token_id"]
             reference = target.generate(prompt, **kwargs)
             stops["eos"] += int(reference[0, -1] == kwargs["eos_token_id"])
+            if not ASSISTED_LOOP_CROPS_AT_EOS and prompt[0, -1] == kwargs["eos_token_id"]:
+                continue  # refused on Transformers 5.17 (test_prompt_ending_with_eos_on_5_17)
         stops["max_new_tokens"] += int(reference.shape[1] - prompt.shape[1] == max_new_tokens)
         for use_carryover in (True, False):
             drafter.config.use_carryover = use_carryover
@@ -74,7 +77,7 @@ def test_greedy_output_is_identical(targets, arch):
             assert sum(stats.acceptance_lengths) == output.shape[1] - prompt.shape[1] - 1  # prefill adds one token
             outcomes += _classify(stats)
             combinations[(kind, block, use_carryover)] += 1
-    assert len(combinations) == 8 and min(combinations.values()) >= 5, combinations
+    assert len(combinations) == 8 and min(combinations.values()) >= 4, combinations
     assert stops["eos"] > 0 and stops["max_new_tokens"] > 0, stops
     assert outcomes["zero"] > 0 and outcomes["partial"] > 0 and outcomes["full"] > 0, outcomes
 
@@ -223,3 +226,13 @@ def test_row_one_first_drafts_what_one_call_drafts(targets, kind, monkeypatch):
         assert torch.equal(ids_a, ids_b)
         if logits_a is not None:
             torch.testing.assert_close(logits_b, logits_a, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(ASSISTED_LOOP_CROPS_AT_EOS, reason="Transformers 5.18+ generates after a prompt ending with EOS")
+def test_prompt_ending_with_eos_on_5_17(targets):
+    """Transformers 5.17's assisted loop stops before generating when the prompt ends with EOS: refused, not wrong."""
+    target = targets["llama"][0]
+    drafter = tiny_drafter(target, block_size=4, seed=2)
+    prompt = torch.tensor([[1, 2, 5]])
+    with pytest.raises(ValueError, match="ends with an end-of-sequence token"):
+        target.generate(prompt, assistant_model=drafter, max_new_tokens=4, eos_token_id=5, pad_token_id=5)

@@ -314,3 +314,16 @@ def test_plain_training_arguments(target, dataset, tmp_path):
     assert trainer.objective == "dflash" and args.ddp_find_unused_parameters is False
     trainer.train()
     assert [entry["step"] for entry in trainer.state.log_history if "loss" in entry] == [1, 2]
+
+
+def test_max_train_seconds_ends_training_early_and_saves(target, dataset, tmp_path):
+    """A time-boxed run stops after the step that passes the limit, however many epochs were asked for."""
+    drafter = fresh_drafter(target)
+    args = make_args(tmp_path / "boxed", num_train_epochs=1000, max_train_seconds=1e-6)
+    trainer = CarryoverTrainer(model=drafter, target_model=target, args=args, train_dataset=dataset)
+    result = trainer.train()
+    assert trainer.state.global_step == 1 and result.global_step == 1
+    trainer.save_model(tmp_path / "boxed")
+    assert (tmp_path / "boxed" / "model.safetensors").is_file()
+    with pytest.raises(ValueError, match="max_train_seconds must be positive"):
+        make_args(tmp_path / "bad", max_train_seconds=0)

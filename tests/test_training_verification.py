@@ -20,11 +20,11 @@ LAYER_IDS = [0, 2, 3]
 def _sequential(target, prefix, drafts):
     """Plain forward over `prefix + drafts`: states at the anchor and draft rows."""
     sequence = torch.cat([prefix, drafts])[None]
-    last = target.config.num_hidden_layers
-    out = target(sequence, output_hidden_states=sorted(set(hidden_state_indices(LAYER_IDS)) | {last}))
+    last_layer = target.config.num_hidden_layers - 1  # its entry is the final-norm output
+    out = target(sequence, output_hidden_states=sorted(set(hidden_state_indices([*LAYER_IDS, last_layer]))))
     start = prefix.shape[0] - 1
     features = gather_target_features(out.hidden_states, LAYER_IDS)[0, start:]
-    return features, out.hidden_states[last][0, start:], out.logits[0, start:]
+    return features, out.hidden_states[-1][0, start:], out.logits[0, start:]
 
 
 def _greedy_continuation(target, prefix, length):

@@ -12,7 +12,25 @@ class DrafterTargetMismatchError(ValueError):
     """The drafter was made for another target."""
 
 
-SUPPORTED_TRANSFORMERS = ((5, 23), (5, 24))  # [lowest, first unsupported) major.minor
+SUPPORTED_TRANSFORMERS = ((5, 17), (5, 26))  # [lowest, first unsupported) major.minor; CI tests both ends
+
+
+def _transformers_at_least(major: int, minor: int) -> bool:
+    import transformers
+    from packaging.version import Version
+
+    installed = Version(transformers.__version__)
+    return (installed.major, installed.minor) >= (major, minor)
+
+
+# A list `output_hidden_states=[...]` selects entries of the classic hidden-states tuple on Transformers 5.23+ (0 = the
+# embeddings, i + 1 = decoder layer i) and decoder-layer ids on 5.17-5.22 (i = layer i, no embeddings entry). Both put
+# the final-norm output in the last layer's slot. `features.hidden_state_indices` is the one place that reads this.
+HIDDEN_STATES_LIST_COUNTS_EMBEDDINGS = _transformers_at_least(5, 23)
+# Transformers 5.18+ crops accepted drafts at the first end-of-sequence token in its assisted loop. 5.17 keeps the
+# drafts after one, so there the candidate generator ends its proposals at one itself (lossless either way); and 5.17
+# stops at once when the prompt itself ends with one (the candidate generator refuses such a prompt there).
+ASSISTED_LOOP_CROPS_AT_EOS = _transformers_at_least(5, 18)
 ALLOW_UNSUPPORTED_ENV = "CARRYOVER_HF_ALLOW_UNSUPPORTED_TRANSFORMERS"
 # The private GenerationMixin methods the generate hook wraps, with the parameters it reads.
 HOOKED_METHODS = {

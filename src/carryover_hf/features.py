@@ -6,18 +6,24 @@ from collections.abc import Sequence
 
 import torch
 
+from .compatibility import HIDDEN_STATES_LIST_COUNTS_EMBEDDINGS
+
 
 def hidden_state_indices(target_layer_ids: Sequence[int]) -> list[int]:
-    """Indices into `outputs.hidden_states`: the output of decoder layer `i` is `hidden_states[i + 1]`.
+    """Indices into `outputs.hidden_states` of a forward called with `output_hidden_states=<these indices>`.
 
-    Passed as `output_hidden_states=[...]`, Transformers records only these. The last index of `hidden_states` is the
-    final-norm output, so a layer id of `L - 1` reads the normed state, at training and inference alike.
+    Passed as `output_hidden_states=[...]`, Transformers records only these: on 5.23+ the output of decoder layer `i`
+    is `hidden_states[i + 1]` (entry 0 is the embeddings), on 5.17-5.22 `hidden_states[i]`
+    (`compatibility.HIDDEN_STATES_LIST_COUNTS_EMBEDDINGS`). The last layer's entry is the final-norm output, so a
+    layer id of `L - 1` reads the normed state, at training and inference alike.
     """
-    return [i + 1 for i in target_layer_ids]
+    offset = int(HIDDEN_STATES_LIST_COUNTS_EMBEDDINGS)
+    return [i + offset for i in target_layer_ids]
 
 
 def gather_target_features(hidden_states: Sequence[torch.Tensor | None], target_layer_ids: Sequence[int]) -> torch.Tensor:
-    """Concatenate the selected layers' states: (b, n, H) each -> (b, n, k * H)."""
+    """Concatenate the selected layers' states: (b, n, H) each -> (b, n, k * H), from the hidden states of a forward
+    called with `output_hidden_states=hidden_state_indices(...)` (on 5.23+ also `output_hidden_states=True`)."""
     selected = [hidden_states[i] for i in hidden_state_indices(target_layer_ids)]
     if any(state is None for state in selected):
         raise ValueError(

@@ -23,7 +23,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 from transformers.utils import logging
 
-from .compatibility import check_compatibility, check_single_sequence, check_target
+from .compatibility import ASSISTED_LOOP_CROPS_AT_EOS, check_compatibility, check_single_sequence, check_target
 from .configuration_carryover import check_count_option
 from .features import embed_block_tokens, gather_target_features, hidden_state_indices
 from .modeling_carryover import CarryoverDrafterModel, DrafterContextBuffer
@@ -167,6 +167,13 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             or self.confidence_threshold is not None
         )
         self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
+        eos = getattr(generation_config, "_eos_token_tensor", None)
+        self.stop_token_ids = None if ASSISTED_LOOP_CROPS_AT_EOS or eos is None else eos.reshape(-1).to(drafter.device)
+        if self.stop_token_ids is not None and bool(torch.isin(input_ids[0, -1].to(drafter.device), self.stop_token_ids)):
+            raise ValueError(
+                "The prompt ends with an end-of-sequence token, and Transformers 5.17's assisted loop then stops before "
+                "generating anything (plain generate does not): drop the trailing token, or use Transformers >= 5.18."
+            )
         self.device = drafter.device
 
         # Everything a proposal needs that does not change between rounds is built once per call: the context
@@ -191,6 +198,11 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         self._sync = device_synchronizer(self.device)
         self._clock = time.perf_counter() if self.timing else 0.0
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        """The most drafts one round proposes (Transformers 5.25+ sizes the target cache's recording by it)."""
+        return max(self.config.block_size - 1, self.lookup_drafts or 0)
+
     def _lap(self) -> float:
         """Seconds since the last lap (0 unless timing was asked for: timing synchronises the device)."""
         if not self.timing:
@@ -210,6 +222,28 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         n_last_matches: int = 0,
         **kwargs,
     ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        candidate_ids, candidate_logits = self._candidates(input_ids, model_outputs, is_first_iteration)
+        if self.stop_token_ids is not None and candidate_ids.shape[1] > input_ids.shape[1]:
+            candidate_ids, candidate_logits = self._cut_after_stop_token(input_ids, candidate_ids, candidate_logits)
+        return candidate_ids, candidate_logits
+
+    def _cut_after_stop_token(
+        self, input_ids: torch.LongTensor, candidate_ids: torch.LongTensor, candidate_logits: torch.Tensor | None
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """Ends a proposal at its first end-of-sequence draft, for Transformers loops that keep accepted drafts past
+        one (`compatibility.ASSISTED_LOOP_CROPS_AT_EOS`): generation stops there, so nothing after it is needed."""
+        start = input_ids.shape[1]
+        hits = torch.isin(candidate_ids[0, start:], self.stop_token_ids).nonzero()
+        if hits.numel() == 0:
+            return candidate_ids, candidate_logits
+        keep = int(hits[0, 0]) + 1
+        self.stats.draft_lengths[-1] = keep
+        logits = None if candidate_logits is None else candidate_logits[:, :keep]
+        return candidate_ids[:, : start + keep], logits
+
+    def _candidates(
+        self, input_ids: torch.LongTensor, model_outputs: Any, is_first_iteration: bool
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
         # The target's prefill runs first: there are no states to draft from yet.
         if is_first_iteration:
             self._lap()
@@ -218,9 +252,17 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             raise RuntimeError("The drafter was asked for candidates after the length budget ran out.")
         self._lap()  # closes the bookkeeping between rounds
 
-        # 1. Verify output -> split accepted / rejected rows (the prefill's rows are all accepted).
+        # 1. Verify output -> split accepted / rejected rows (the prefill's rows are all accepted). The sequence's
+        # length tells how many rows were accepted (the anchor sits at `num_context`, the new last token at the end),
+        # without reading `n_last_matches`: a device tensor on some Transformers releases (reading it would sync).
         verified = gather_target_features(model_outputs.hidden_states, self.config.target_layer_ids).to(self.device)
-        num_accepted = n_last_matches + 1 if self.started else verified.shape[1]
+        num_accepted = input_ids.shape[1] - 1 - self.num_context if self.started else verified.shape[1]
+        if not 1 <= num_accepted <= verified.shape[1]:
+            raise RuntimeError(
+                f"Drafter context ({self.num_context} rows) is out of step with the sequence ({input_ids.shape[1]} "
+                f"tokens, {verified.shape[1]} verified rows)."
+            )
+        n_last_matches = num_accepted - 1
         self.started = True
         accepted, rejected = verified[:, :num_accepted], verified[:, num_accepted:]
 
@@ -229,8 +271,6 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         self.uncached.append(accepted)
         self.num_context += num_accepted
         anchor_position = self.num_context
-        if anchor_position != input_ids.shape[1] - 1:
-            raise RuntimeError(f"Drafter context ({anchor_position} rows) is out of step with the sequence.")
 
         # 3. Refresh carry: the rejected rows, at the positions where they were verified; replaced every round.
         # Only the drafter's own rejected drafts are carried (a lookup's are not what it was trained to read).

@@ -28,6 +28,8 @@ class CarryoverTrainingArguments(TrainingArguments):
         distillation (`str`, *optional*): `"kl"` or `"tv"` to mix a divergence from the target's next-token
             distribution into the loss.
         distillation_weight (`float`): λ in `(1 - λ) CE + λ D` when `distillation` is set (DSpark: 0.9 with TV).
+        max_train_seconds (`float`, *optional*): end training after the optimizer step that passes this many seconds
+            of wall time (the schedule is not shortened: it stops where it is); the model is saved as at a normal end.
     """
 
     objective: str = field(
@@ -47,6 +49,10 @@ class CarryoverTrainingArguments(TrainingArguments):
     )
     distillation_weight: float = field(
         default=0.9, metadata={"help": "Weight of the distillation term: (1 - w) * CE + w * divergence."}
+    )
+    max_train_seconds: float | None = field(
+        default=None,
+        metadata={"help": "End training after the step that passes this many seconds of wall time (a time-boxed run)."},
     )
 
     # DFlash's recipe instead of the generic Trainer defaults.
@@ -77,6 +83,8 @@ class CarryoverTrainingArguments(TrainingArguments):
             raise ValueError(f"loss_decay_gamma must be positive, got {self.loss_decay_gamma}.")
         if self.distillation is not None and self.distillation not in DISTILLATION_KINDS:
             raise ValueError(f"distillation must be one of {DISTILLATION_KINDS} or None, got {self.distillation!r}.")
+        if self.max_train_seconds is not None and self.max_train_seconds <= 0:
+            raise ValueError(f"max_train_seconds must be positive, got {self.max_train_seconds}.")
         if not 0.0 <= self.distillation_weight <= 1.0:
             raise ValueError(f"distillation_weight must lie in [0, 1], got {self.distillation_weight}.")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import torch
@@ -35,6 +36,22 @@ class _AnchorEpochCallback(TrainerCallback):
     def on_epoch_begin(self, args, state, control, **kwargs):
         # `state.epoch` is fractional mid-epoch (e.g. on resume); the epoch index is its integer part.
         self.collator.set_epoch(math.floor((state.epoch or 0.0) + 1e-9))
+
+
+class _TimeLimitCallback(TrainerCallback):
+    """`max_train_seconds`: ends training after the step that passes the limit (timed from the first step)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.started: float | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.started is not None and time.monotonic() - self.started >= self.seconds:
+            logger.warning(f"max_train_seconds={self.seconds:g} reached at step {state.global_step}: training ends.")
+            control.should_training_stop = True
 
 
 class CarryoverTrainer(Trainer):
@@ -146,6 +163,8 @@ class CarryoverTrainer(Trainer):
         callbacks = list(callbacks or [])
         if hasattr(data_collator, "set_epoch"):
             callbacks.append(_AnchorEpochCallback(data_collator))
+        if getattr(args, "max_train_seconds", None):
+            callbacks.append(_TimeLimitCallback(args.max_train_seconds))
         super().__init__(
             model=model,
             args=args,
@@ -157,6 +176,9 @@ class CarryoverTrainer(Trainer):
             optimizers=optimizers,
             **kwargs,
         )
+        # Transformers before 5.23 has no `loss_is_scaled_for_ga`: it reads this flag (with a count of the batch's
+        # items) to leave the loss of an accumulated batch unscaled.
+        self.model_accepts_loss_kwargs = True
         if not getattr(target_model, "hf_device_map", None) and not getattr(target_model, "is_quantized", False):
             target_model.to(self.args.device)
 

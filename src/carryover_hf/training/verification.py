@@ -47,9 +47,8 @@ def check_target_attention(target: PreTrainedModel) -> str:
 
 
 def _requested_layers(target: PreTrainedModel, target_layer_ids: list[int], with_last: bool) -> list[int]:
-    indices = hidden_state_indices(target_layer_ids)
-    last = target.config.get_text_config().num_hidden_layers
-    return sorted(set(indices) | ({last} if with_last else set()))
+    last_layer = target.config.get_text_config().num_hidden_layers - 1  # its entry is the final-norm output
+    return sorted(set(hidden_state_indices([*target_layer_ids, *([last_layer] if with_last else [])])))
 
 
 @torch.no_grad()
