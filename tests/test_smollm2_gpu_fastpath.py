@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -30,7 +31,7 @@ RUNS = ("baseline", "continued", "carryover")
 
 def _run(tmp_path, *stages, timeout=600, **env):
     environment = {**os.environ, "CARRYOVER_REHEARSAL": "0", "HF_HUB_CACHE": str(tmp_path / "hub"),
-                   "RUNS": str(tmp_path / "runs"), **env}  # fmt: skip
+                   "RUNS": str(tmp_path / "runs"), "PY": sys.executable, **env}  # fmt: skip
     for name in ("KIND", "OUT_DIR", "DATASET", "STAGES"):  # settings of the caller's shell must not leak in
         if name not in env:
             environment.pop(name, None)
@@ -51,10 +52,13 @@ def _run(tmp_path, *stages, timeout=600, **env):
         ((), {"TARGET_LAYER_IDS": " "}, "TARGET_LAYER_IDS must list the target layers"),
         ((), {"LEARNING_RATE": "fast"}, "LEARNING_RATE must be a number"),
         ((), {"LOOKUP_DRAFTS": "ten"}, "LOOKUP_DRAFTS must be a whole number, got 'ten'"),
+        ((), {"BASELINE_SECONDS": "1.5"}, "BASELINE_SECONDS must be a whole number"),
+        ((), {"EXTRA_SECONDS": "0"}, "EXTRA_SECONDS must be at least 1"),
         ((), {"DISTILLATION": "mse"}, "DISTILLATION must be kl, tv or none"),
         ((), {"DISTILLATION": "kl", "TOP_K": "0"}, "TOP_K must be at least 1 (or DISTILLATION=none)"),
         (("regenerate",), {"DATASET": "/nonexistent/rows"}, "DATASET=/nonexistent/rows does not exist"),
         (("continued",), {"CARRYOVER_REHEARSAL": "1"}, "run the baseline stage first"),
+        (("continued",), {"CARRYOVER_REHEARSAL": "1", "EXTRA_SECONDS": "5"}, "run the carryover stage first"),
     ],
 )
 def test_bad_settings_stop_before_any_stage_runs(tmp_path, stages, env, message):

@@ -63,6 +63,7 @@ USE_FEATURES=${USE_FEATURES:-1}
 CONVERTED=$RUNS/converted
 DATA=${DATASET:-$RUNS/regenerated}
 
+fail() { echo "$*" >&2; exit 2; }
 # Cheap checks before any expensive work.
 case "$EPOCHS" in ''|*[!0-9]*) echo "EPOCHS must be a whole number of epochs, got '$EPOCHS'" >&2; exit 2 ;; esac
 if [ -n "${DATASET:-}" ] && [ ! -e "$DATASET" ]; then echo "DATASET=$DATASET does not exist" >&2; exit 2; fi
@@ -76,8 +77,12 @@ done_training() { [ -f "$1/model.safetensors" ] && [ -f "$1/train_results.json" 
 stage_fetch() {
   if [ "${CARRYOVER_REHEARSAL:-0}" = 1 ]; then python -m carryover_hf.testing rehearsal-hub "$HF_HUB_CACHE"; fi
   # Only what the stages read: configs, tokenizer, safetensors weights. Offline (HF_HUB_OFFLINE=1) it resolves the cache.
+  local repo path
   for repo in "$TARGET" "$ZLAB"; do
-    echo "$repo -> $(hf download "$repo" --include "*.json" --include "*.safetensors" --include "*.txt" --include "*.jinja" --quiet)"
+    # Assigned on its own line: a failed download stops the script (set -e) instead of vanishing inside an echo.
+    path=$(hf download "$repo" --include "*.json" --include "*.safetensors" --include "*.txt" --include "*.jinja" --quiet) ||
+      fail "fetch: hf download $repo failed (offline without it in the Hub cache? unset HF_HUB_OFFLINE or copy it in)"
+    echo "$repo -> $path"
   done
 }
 
