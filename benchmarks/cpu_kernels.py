@@ -33,10 +33,10 @@ from torch import nn
 
 from carryover_hf import cpu_kernels
 from carryover_hf.cpu_kernels import (
-    GROUPED_ATTENTION,
     PackedLinear,
     pack_linears,
     packed_linears_available,
+    register_grouped_attention,
     skinny_linear_available,
     skinny_linear_unavailable_reason,
     use_skinny_linear,
@@ -59,7 +59,7 @@ def _use(model, slots, kernel: str, libraries: dict) -> None:
     """Switch the model to `kernel`; `libraries` maps the skinny configurations to their compiled kernels."""
     for parent, name, plain, packed in slots:
         setattr(parent, name, plain if kernel == "default" else packed)
-    model.set_attn_implementation("sdpa" if kernel in ("default", "onednn") else GROUPED_ATTENTION)
+    model.set_attn_implementation("sdpa" if kernel in ("default", "onednn") else register_grouped_attention())
     use_skinny_linear(kernel in libraries)
     if kernel in libraries:
         cpu_kernels._Skinny.library = libraries[kernel]

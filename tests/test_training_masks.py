@@ -8,7 +8,7 @@ import torch
 from carryover_hf.training.collator import CarryoverDataCollator, sample_anchors, valid_anchor_positions
 from carryover_hf.training.data import check_training_dataset
 from carryover_hf.training.losses import block_labels, default_gamma, draft_losses, position_weights
-from carryover_hf.training.masks import (
+from carryover_hf.masks import (
     BlockSparseMask,
     PackedBlocks,
     additive_mask,

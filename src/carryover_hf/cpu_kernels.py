@@ -30,7 +30,7 @@ first copies every key and value head `num_key_value_groups` times (`repeat_kv`)
 groups * q, d)`, repeats the small `(q, kv)` mask to match, and calls the same `scaled_dot_product_attention` on the
 uncopied cache: each query row meets the same keys, values and mask row, so the output is the same up to float32
 rounding (bit for bit on SmolLM2-135M at 4 rows; the kernel may block a longer row dimension differently). Everything else (one row, no mask, dropout, per-head masks, position biases) goes
-to Transformers' own `sdpa` unchanged. `use_grouped_attention(model)` switches an `sdpa` model to it.
+to Transformers' own `sdpa` unchanged. `use_grouped_attention(model)` registers it and switches an `sdpa` model to it.
 """
 
 from __future__ import annotations
@@ -329,8 +329,15 @@ def grouped_query_sdpa(
     return output.reshape(batch, heads, rows, dim).transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(GROUPED_ATTENTION, grouped_query_sdpa)
-AttentionMaskInterface.register(GROUPED_ATTENTION, sdpa_mask)
+def register_grouped_attention() -> str:
+    """Register `grouped_query_sdpa` (with `sdpa`'s mask) with Transformers as `GROUPED_ATTENTION`; returns the name.
+
+    Done when a model is switched to it (`use_grouped_attention`), not on import: importing carryover_hf registers
+    no attention. Call it before `set_attn_implementation(GROUPED_ATTENTION)` by hand. Registering again is harmless.
+    """
+    AttentionInterface.register(GROUPED_ATTENTION, grouped_query_sdpa)
+    AttentionMaskInterface.register(GROUPED_ATTENTION, sdpa_mask)
+    return GROUPED_ATTENTION
 
 
 def use_grouped_attention(model: nn.Module) -> bool:
@@ -342,7 +349,7 @@ def use_grouped_attention(model: nn.Module) -> bool:
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
         return False
-    model.set_attn_implementation(GROUPED_ATTENTION)
+    model.set_attn_implementation(register_grouped_attention())
     return True
 
 
@@ -376,6 +383,7 @@ __all__ = [
     "grouped_query_sdpa",
     "pack_linears",
     "packed_linears_available",
+    "register_grouped_attention",
     "resolve_cpu_kernels",
     "SKINNY_MAX_ROWS",
     "skinny_linear",

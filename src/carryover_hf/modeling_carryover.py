@@ -34,7 +34,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from transformers.utils import ModelOutput
 
 from .configuration_carryover import CarryoverDrafterConfig
-from .cpu_kernels import PackedLinear
+from .masks import additive_mask
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -462,17 +462,19 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
         """The target's LM head restricted to the draft vocabulary; build it once per pairing and reuse it.
 
         The head is the frozen target's: its weights are detached here, so no gradient reaches them. If the
-        target's linears are packed (`cpu_kernels.pack_linears`), so is the head's product.
+        target's linears are packed (`cpu_kernels.pack_linears`), so is the head's product: a head whose class makes
+        layers `over(weight, bias)` (`cpu_kernels.PackedLinear` does) makes the one over the draft rows.
         """
         weight, bias = lm_head.weight.detach(), getattr(lm_head, "bias", None)
         bias = None if bias is None else bias.detach()
         ids = self.draft_token_ids
-        linear = lm_head if isinstance(lm_head, PackedLinear) else None
+        over = getattr(type(lm_head), "over", None)
+        linear = lm_head if over is not None else None
         if ids is not None:
             ids = ids.to(weight.device)
             weight = weight.index_select(0, ids)
             bias = None if bias is None else bias.index_select(0, ids)
-            linear = None if linear is None else PackedLinear.over(weight, bias)
+            linear = None if linear is None else over(weight, bias)
         return DraftHead(weight, bias, ids, self.config.vocab_size, linear)
 
     def proposal_logits(
@@ -624,8 +626,6 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
         elif has_carry:
             extra_rows = self.fuse_carry(carry_features)
         if isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool and self.config._attn_implementation == "eager":
-            from .training.masks import additive_mask  # the one boolean -> additive conversion (lazy: no cycle)
-
             attention_mask = additive_mask(attention_mask, hidden_states.dtype)
 
         for layer in self.layers:

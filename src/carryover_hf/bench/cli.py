@@ -127,7 +127,7 @@ def _check_drafter_path(path: str) -> None:
 
 def _load_drafter(path: str, target, dtype: torch.dtype, block_size: int, index: int):
     from ..modeling_carryover import CarryoverDrafterModel
-    from ..testing import tiny_drafter
+    from ..tiny import tiny_drafter
 
     if path in TINY_DRAFTERS:
         kind = "markov" if path == "tiny-markov" else "dflash"
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             _check_drafter_path(path)
 
         if tiny:
-            from ..testing import tiny_target
+            from ..tiny import tiny_target
 
             # Enough positions for the default overhead context lengths.
             target, tokenizer = tiny_target("qwen3", dtype=dtype, max_position_embeddings=4096).to(device), None

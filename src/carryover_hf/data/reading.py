@@ -78,7 +78,7 @@ def reading_row(tokenizer, prompt: dict, use_reference: bool) -> tuple[list[int]
 
 def answered_ids(run: str | os.PathLike) -> set[str]:
     """Prompt ids a regeneration run has answered (its finished chunks' rows)."""
-    from .regenerate import load_regenerated
+    from ..regenerated import load_regenerated
 
     return set(load_regenerated(run)["id"])
 

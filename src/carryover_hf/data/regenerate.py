@@ -25,13 +25,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..regenerated import DATA_DIR, STATE_FILE, chunk_path, load_regenerated, row_features, run_folders
 from .suites import CATEGORIES, PROMPTS_DIR, load_prompts
 
-STATE_FILE = "regeneration.json"
 # How rows were decoded (recorded per chunk): in-place KV cache, finished rows compacted out, freed slots refilled.
 DECODER = "refill-v1"
 PREFILL_TOKENS = 4096  # most padded tokens per prefill forward
-DATA_DIR = "data"
 # Settings that change what a chunk contains: a resumed run must use the same ones.
 IDENTITY_FIELDS = (
     "target", "dtype", "split", "categories", "limit_per_category", "max_new_tokens", "max_length", "do_sample",
@@ -143,34 +142,6 @@ def _prepare_output(config: RegenerationConfig, fingerprint: str, num_prompts: i
     return output
 
 
-def chunk_path(output: Path, index: int) -> Path:
-    return output / DATA_DIR / f"chunk-{index:05d}.parquet"
-
-
-def _features():
-    from datasets import Features, Sequence, Value
-
-    return Features(
-        {
-            "id": Value("string"),
-            "category": Value("string"),
-            "split": Value("string"),
-            "source": Value("string"),
-            "license": Value("string"),
-            "system": Value("string"),
-            "turns": Sequence(Value("string")),
-            "responses": Sequence(Value("string")),
-            "text": Value("string"),
-            "input_ids": Sequence(Value("int32")),
-            "loss_mask": Sequence(Value("int8")),
-            "num_response_tokens": Value("int32"),
-            "finished": Value("bool"),
-            "target": Value("string"),
-            "generation": Value("string"),
-        }
-    )
-
-
 def _write_chunk(output: Path, index: int, rows: list[dict], stats: dict) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -180,7 +151,7 @@ def _write_chunk(output: Path, index: int, rows: list[dict], stats: dict) -> Non
     sidecar.write_text(json.dumps(stats, indent=1) + "\n")
     staging = path.with_name(f".{path.name}.tmp")
     # Written with pyarrow directly: zstd keeps token ids small enough to commit.
-    table = pa.Table.from_pylist(rows, schema=_features().arrow_schema)  # keeps the schema when a chunk is empty
+    table = pa.Table.from_pylist(rows, schema=row_features().arrow_schema)  # keeps the schema when a chunk is empty
     pq.write_table(table, staging, compression="zstd")
     os.replace(staging, path)  # the parquet file appears only when complete: it marks the chunk done
 
@@ -752,55 +723,6 @@ def summarize(output: str | Path, write: bool = False) -> dict:
         state["summary"] = summary
         (output / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     return summary
-
-
-def run_folders(paths) -> list[Path]:
-    """Run folders from one path, a comma-separated string of paths, or a list of them (order kept)."""
-    if isinstance(paths, (str, Path)):
-        paths = [part for part in str(paths).split(",") if part.strip()]
-    folders = [Path(str(path).strip()) for path in paths]
-    if not folders:
-        raise ValueError("no regeneration run folder given")
-    problems = [f"{folder} is not a regeneration run folder (no {STATE_FILE})" for folder in folders
-                if not (folder / STATE_FILE).is_file()]  # fmt: skip
-    if len(set(map(os.path.realpath, folders))) < len(folders):
-        problems.append("the same run folder is given twice")
-    if not problems and len(folders) > 1:
-        targets = {str(f): json.loads((f / STATE_FILE).read_text()).get("identity", {}).get("target") for f in folders}
-        if len(set(targets.values())) > 1:
-            problems.append(f"the runs answer different targets: {targets}")
-    if problems:
-        raise ValueError("cannot load regenerated rows:\n  - " + "\n  - ".join(problems))
-    return folders
-
-
-def load_regenerated(output):
-    """The rows of one or several regeneration runs as one `datasets.Dataset`: each run's finished chunks in run
-    order, the runs in the order given (`output`: a folder, a comma-separated string of folders, or a list).
-
-    Each chunk is converted once to an Arrow file in the `datasets` cache and memory-mapped; the chunks are
-    concatenated without copying, so the rows are read from disk as they are used, not held in memory."""
-    import datasets as datasets_logging
-    from datasets import Dataset, concatenate_datasets
-
-    files = []
-    for folder in run_folders(output):
-        found = sorted((folder / DATA_DIR).glob("chunk-*.parquet"))
-        if not found:
-            raise FileNotFoundError(
-                f"no finished chunks under {folder / DATA_DIR}; run `carryover-hf regenerate` first"
-            )
-        files += found
-    features = _features()
-    quiet = not datasets_logging.are_progress_bars_disabled()
-    if quiet:  # one bar per chunk would flood the output
-        datasets_logging.disable_progress_bars()
-    try:
-        parts = [Dataset.from_parquet(str(path), features=features) for path in files]
-    finally:
-        if quiet:
-            datasets_logging.enable_progress_bars()
-    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from transformers.utils import logging
 
 from ..errors import UsageError
 from .arguments import CarryoverTrainingArguments
+from .data import load_rows
 
 logger = logging.get_logger(__name__)
 
@@ -144,41 +145,6 @@ class DataArguments:
     )
     eval_features: str | None = field(default=None, metadata={"help": "Evaluation rows as a feature store."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training rows."})
-
-
-def load_rows(path: str, name: str = "dataset"):
-    """A `datasets.Dataset` from regeneration run folders (one, or several comma-separated), a `save_to_disk` folder
-    or a json/jsonl/parquet file.
-
-    A regeneration run still in progress gives its finished chunks in run order (several runs: one after the other),
-    so `--max_train_samples N` pins a run to the same first N rows while generation goes on. Run chunks are
-    memory-mapped, not loaded into memory."""
-    import datasets
-
-    from ..data.regenerate import STATE_FILE, load_regenerated
-
-    if path is None:
-        raise UsageError(f"--{name} is required: the recorded target responses to train on.")
-    if "," in path:
-        return load_regenerated(path)  # several run folders (other formats are single paths)
-    if os.path.isfile(os.path.join(path, STATE_FILE)):
-        return load_regenerated(path)
-    if os.path.isdir(path):
-        rows = datasets.load_from_disk(path)
-        if isinstance(rows, datasets.DatasetDict):
-            if "train" not in rows:
-                raise UsageError(
-                    f"{path} holds splits {list(rows)}; save the training split alone or name it 'train'."
-                )
-            rows = rows["train"]
-        return rows
-    builders = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".arrow": "arrow"}
-    extension = os.path.splitext(path)[1].lower()
-    if not os.path.isfile(path) or extension not in builders:
-        raise UsageError(
-            f"--{name} {path!r} is neither a `Dataset.save_to_disk` folder nor a {sorted(builders)} file."
-        )
-    return datasets.load_dataset(builders[extension], data_files=path, split="train")
 
 
 def _draft_vocabulary(model_args: ModelArguments, drafter, train_rows, eval_rows, output_dir: str) -> None:

@@ -1,15 +1,54 @@
-"""Checks of the training-data contract, run before any model work."""
+"""The training data: reading it (`load_rows`) and the checks of its contract, run before any model work."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from transformers.utils import logging
 
+from ..errors import UsageError
+
 logger = logging.get_logger(__name__)
 
 REQUIRED_COLUMNS = ("input_ids", "loss_mask")
+
+
+def load_rows(path: str, name: str = "dataset"):
+    """A `datasets.Dataset` from regeneration run folders (one, or several comma-separated), a `save_to_disk` folder
+    or a json/jsonl/parquet file.
+
+    A regeneration run still in progress gives its finished chunks in run order (several runs: one after the other),
+    so `--max_train_samples N` pins a run to the same first N rows while generation goes on. Run chunks are
+    memory-mapped, not loaded into memory."""
+    import datasets
+
+    from ..regenerated import STATE_FILE, load_regenerated
+
+    if path is None:
+        raise UsageError(f"--{name} is required: the recorded target responses to train on.")
+    if "," in path:
+        return load_regenerated(path)  # several run folders (other formats are single paths)
+    if os.path.isfile(os.path.join(path, STATE_FILE)):
+        return load_regenerated(path)
+    if os.path.isdir(path):
+        rows = datasets.load_from_disk(path)
+        if isinstance(rows, datasets.DatasetDict):
+            if "train" not in rows:
+                raise UsageError(
+                    f"{path} holds splits {list(rows)}; save the training split alone or name it 'train'."
+                )
+            rows = rows["train"]
+        return rows
+    builders = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".arrow": "arrow"}
+    extension = os.path.splitext(path)[1].lower()
+    if not os.path.isfile(path) or extension not in builders:
+        raise UsageError(
+            f"--{name} {path!r} is neither a `Dataset.save_to_disk` folder nor a {sorted(builders)} file."
+        )
+    return datasets.load_dataset(builders[extension], data_files=path, split="train")
 
 
 def token_rows(rows):
@@ -100,4 +139,4 @@ def check_training_dataset(
         logger.warning(f"{rows_without_anchor} of {len(dataset)} rows of {name} have no anchor and add no loss.")
 
 
-__all__ = ["REQUIRED_COLUMNS", "check_training_dataset"]
+__all__ = ["REQUIRED_COLUMNS", "check_training_dataset", "load_rows"]

@@ -42,7 +42,7 @@ import torch
 
 from ..errors import UsageError
 from ..utils import json_fingerprint, model_fingerprint
-from .data import token_rows
+from .data import check_training_dataset, load_rows, token_rows
 
 MANIFEST = "features.json"
 FORMAT_VERSION = 2  # 2: per-shard data fingerprints, so a store can grow with its dataset
@@ -227,8 +227,6 @@ def build_features(config: FeatureBuildConfig, target=None, rows=None, progress:
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     if rows is None:
-        from .cli import load_rows
-
         rows = load_rows(config.dataset, "dataset")
     if config.max_rows is not None:
         if config.max_rows > len(rows):
@@ -242,8 +240,6 @@ def build_features(config: FeatureBuildConfig, target=None, rows=None, progress:
         target, _ = load_target(config.target, dtype=config.target_dtype)
     target.eval()
     text = target.config.get_text_config()
-    from .data import check_training_dataset
-
     check_training_dataset(rows, text.vocab_size, getattr(text, "max_position_embeddings", None), "dataset")
     layer_ids = _layer_ids(config, target.config)
     bad = [i for i in layer_ids if not 0 <= i < text.num_hidden_layers]

@@ -18,6 +18,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..features import embed_block_tokens
+from ..masks import PackedBlocks, backend_mask
 from ..modeling_carryover import CarryoverDrafterModel, DraftHead
 from .losses import (
     DenseTeacher,
@@ -29,7 +30,6 @@ from .losses import (
     teacher_forced_metrics,
     weighted_block_loss_sum,
 )
-from .masks import PackedBlocks, backend_mask
 from .verification import TargetStates, parallel_verify, target_forward, target_logits
 
 

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
 from ..features import gather_target_features, hidden_state_indices
-from .masks import PackedBlocks, backend_mask
+from ..masks import PackedBlocks, backend_mask
 
 SUPPORTED_ATTENTION = ("sdpa", "eager", "flex_attention")
 
