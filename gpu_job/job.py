@@ -2,7 +2,7 @@
 
     call 1  keep_part1, environment, cuda_checks, round_profile          (needs no target)
     call 2  target, convert, regenerate, train_dflash, train_markov, bf16_divergence, curves, pack
-    call 3  hand back the bundle parts call 2 could not return (the 64 MiB / 8-file limit of one call)
+    call 3  hand back the bundle parts call 2 could not return (the 64 MiB / 8-file limit of one call); repeatable
 
 Every stage gets at most what is left of the call's budget minus what the later must-run stages need (`RESERVE`), so
 there is always time to pack. The state lives in `--work` (on the device machine: kept while it stays warm), so an
@@ -329,12 +329,14 @@ class Job:
                 for name in ("trainer_state.json", "train_results.json", "all_results.json", "eval_results.json"):
                     if (folder / name).exists():
                         members.append((folder / name, f"{results}/records/{kind}-{run_name}-{name}"))
-        order = ("carryover", "continued", "baseline")
-        drafters = sorted(self.exports.glob("drafters/*"), key=lambda p: [r in p.name for r in order][::-1])
-        members += [(path, f"drafters/carryover-hf/{path.name}") for path in drafters]
+        # What the release needs first: the continuations (the carryover question), then the rows (the next lease
+        # resumes from them), then the baselines. A Markov drafter of the GPU recipe is ~40 MB in bf16.
+        drafters = {run: sorted(self.exports.glob(f"drafters/*-{run}-*")) for run in ("carryover", "continued", "baseline")}
+        members += [(path, f"drafters/carryover-hf/{path.name}") for run in ("carryover", "continued") for path in drafters[run]]
         data = self.runs / "regenerated"
         if data.is_dir():
             members.append((data, f"assets/train/{LEASE}"))
+        members += [(path, f"drafters/carryover-hf/{path.name}") for path in drafters["baseline"]]
         archive = self.work / "bundle.tar"
         with tarfile.open(archive, "w") as tar:
             for path, name in members:
@@ -351,7 +353,7 @@ class Job:
         (bundle / "bundle.json").write_text(json.dumps(manifest, indent=2) + "\n")
         archive.unlink()
         shutil.copy2(bundle / "bundle.json", self.out / "bundle.json")
-        returned = hand_back(bundle, self.out)
+        returned = hand_back(bundle, self.out, self.call)
         return {"parts": len(parts), "returned": returned, "pending": len(parts) - len(returned),
                 "bytes": sum(p["size"] for p in parts), "members": manifest["members"]}
 
@@ -360,14 +362,16 @@ class Job:
         if not (bundle / "bundle.json").exists():
             raise StageError("call 2 packed nothing: no bundle to hand back")
         shutil.copy2(bundle / "bundle.json", self.out / "bundle.json")
-        returned = hand_back(bundle, self.out)
-        return {"returned": returned, "pending": sorted(p.name for p in bundle.glob("bundle.part*"))}
+        returned = hand_back(bundle, self.out, self.call)
+        pending = sorted(p.name for p in bundle.glob("bundle.part*"))
+        return {"returned": returned, "pending": pending, "incomplete": bool(pending)}  # incomplete: call 3 again
 
 
-def hand_back(bundle: Path, out: Path) -> list[str]:
-    """Moves bundle parts into `out` while its return limits allow (leaving room for the log); returns their names."""
+def hand_back(bundle: Path, out: Path, call: int) -> list[str]:
+    """Moves bundle parts into `out` while its return limits allow (leaving room for the summary and the log)."""
     moved = []
-    reserve_files, reserve_bytes = 1, 2 * MIB  # this call's log, written after
+    later = (f"summary-call{call}.json", f"log-call{call}.txt")  # written after this, if not there yet
+    reserve_files, reserve_bytes = sum(not (out / name).exists() for name in later), 2 * MIB
     for part in sorted(bundle.glob("bundle.part*")):
         files = [p for p in out.rglob("*") if p.is_file()]
         used = sum(p.stat().st_size for p in files)

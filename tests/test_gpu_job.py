@@ -168,3 +168,36 @@ def test_the_whole_job_rehearsed(tmp_path):
         assert (checkout / "drafters/carryover-hf" / name / "model.safetensors").is_file()
         assert (checkout / "drafters/carryover-hf" / name / "README.md").is_file()  # its card
     assert (checkout / f"benchmarks/results/{gpu_job.LEASE}/state.json").is_file()
+
+
+def test_call_3_hands_back_what_is_pending_until_nothing_is(tmp_path):
+    """Parts beyond one call's return limits wait; each call 3 returns what fits, until none is pending."""
+    work, staging = tmp_path / "work", tmp_path / "staging"
+    bundle = work / "bundle"
+    bundle.mkdir(parents=True)
+    (bundle / "bundle.json").write_text("{}")
+    for index in range(7):
+        (bundle / f"bundle.part{index:02d}").write_bytes(os.urandom(1000))
+    returned = []
+    for number, out in enumerate((tmp_path / "first", tmp_path / "second")):
+        call = gpu_job.Job(3, 60, out, work, staging, rehearsal=False)
+        result = call.stage("return_pending", call.return_pending, minimum=1)
+        (out / "log-call3.txt").write_text("the log run_on_device.sh writes")
+        assert gpu_job.return_problems(out) == []
+        returned += result["returned"]
+        assert result["incomplete"] == (number == 0)
+    assert sorted(returned) == [f"bundle.part{index:02d}" for index in range(7)]
+    assert len(list((tmp_path / "first").glob("bundle.part*"))) == 5  # 8 files: bundle.json, summary, log, 5 parts
+
+
+def test_call_2_returns_four_full_parts_beside_its_small_files(tmp_path):
+    bundle, out = tmp_path / "bundle", tmp_path / "out"
+    bundle.mkdir()
+    out.mkdir()
+    for index in range(6):
+        with open(bundle / f"bundle.part{index:02d}", "wb") as part:
+            part.truncate(gpu_job.PART_BYTES)  # sparse: sizes as the real ones, no disk
+    for name in ("log-call2.txt", "summary-call2.json", "bf16_divergence.json", "bundle.json"):
+        (out / name).write_text("{}")
+    assert gpu_job.hand_back(bundle, out, 2) == [f"bundle.part{index:02d}" for index in range(4)]
+    assert gpu_job.return_problems(out) == []
