@@ -1,0 +1,67 @@
+"""The cost-aware round choice: expected tokens per unit of cost, from past rounds only."""
+
+import pytest
+import torch
+
+from carryover_hf.round_policy import AcceptanceEstimate, VerificationCost, best_proposal, calibrate
+from carryover_hf.testing import tiny_target
+
+
+def _estimate(rate: float, rounds: int = 200, max_drafts: int = 8) -> AcceptanceEstimate:
+    """An estimate after `rounds` rounds of drafts each accepted with probability `rate` (deterministic counts)."""
+    estimate = AcceptanceEstimate(max_drafts)
+    for j in range(max_drafts):
+        estimate.reached[j] = rounds
+        estimate.accepted[j] = rate * rounds
+    return estimate
+
+
+def test_expected_tokens_follow_the_conditional_rates():
+    estimate = AcceptanceEstimate(3, prior_accept=0.0, prior_reject=1e-9)
+    for drafted, accepted in [(3, 3), (3, 1), (3, 0), (3, 3)]:
+        estimate.observe(drafted, accepted)
+    # position 1: 3 of 4 accepted; position 2 reached 3 times, accepted 2; position 3 reached 2, accepted 2
+    assert estimate.reached == [4, 3, 2] and estimate.accepted == [3, 2, 2]
+    rates = estimate.conditional()
+    assert rates == pytest.approx([0.75, 2 / 3, 1.0])
+    assert estimate.expected_tokens(3) == pytest.approx(1 + 0.75 + 0.5 + 0.5)
+    assert AcceptanceEstimate(4).expected_tokens(2) == pytest.approx(1 + 0.5 + 0.25)  # the prior alone
+
+
+def test_free_verification_takes_full_blocks_and_costly_verification_of_bad_drafts_takes_a_plain_step():
+    flat = VerificationCost.flat(15)
+    good = {"drafter": _estimate(0.5, max_drafts=15)}
+    choice = best_proposal(good, {"drafter": 15}, flat)
+    assert choice.source == "drafter" and choice.drafts == 15  # free verification: every extra draft is a gain
+    cpu = VerificationCost([1.0, 1.1, 1.15, 1.17, 1.22, 1.25, 1.27, 1.29])  # a CPU-like cost of k drafts
+    bad = {"drafter": _estimate(0.05, max_drafts=7)}
+    assert best_proposal(bad, {"drafter": 7}, cpu, {"drafter": 0.1}) == best_proposal({}, {}, cpu)
+    assert best_proposal(bad, {"drafter": 7}, cpu).source is None  # never expected to lose to the target alone
+    mid = {"drafter": _estimate(0.6, max_drafts=7), "lookup": _estimate(0.9, max_drafts=7)}
+    choice = best_proposal(mid, {"drafter": 7, "lookup": 3}, cpu, {"drafter": 0.12})
+    assert choice.source == "lookup" and 1 <= choice.drafts <= 3
+    assert best_proposal(mid, {"drafter": 7, "lookup": 0}, cpu, {"drafter": 0.12}).source == "drafter"
+
+
+def test_cost_beyond_the_calibrated_range_grows_linearly():
+    cost = VerificationCost([1.0, 1.2, 1.5])
+    assert cost.verify(2) == 1.5 and cost.verify(4) == pytest.approx(2.1)
+
+
+def test_calibration_is_measured_once_per_model_device_dtype_and_threads(tmp_path, monkeypatch):
+    monkeypatch.setenv("CARRYOVER_HF_CACHE", str(tmp_path))
+    target = tiny_target("llama", vocab_size=32)
+    cost = calibrate(target, max_drafts=3, context_length=16, repeats=2)
+    assert cost.relative[0] == 1.0 and len(cost.relative) == 4 and all(v > 0 for v in cost.relative)
+    files = list((tmp_path / "verification-cost").glob("*.json"))
+    assert len(files) == 1 and "float32" in files[0].name and "cpu" in files[0].name
+    files[0].write_text('{"relative": [1.0, 9.0, 9.0, 9.0]}')  # a cached calibration is read back, not re-measured
+    assert calibrate(target, max_drafts=3, context_length=16).relative == [1.0, 9.0, 9.0, 9.0]
+    assert calibrate(target, max_drafts=3, context_length=16, repeats=1, cache=False).relative != [1.0, 9.0, 9.0, 9.0]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads != 1 else 2)
+        calibrate(target, max_drafts=3, context_length=16, repeats=1)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(list((tmp_path / "verification-cost").glob("*.json"))) == 2  # another thread count, another entry
