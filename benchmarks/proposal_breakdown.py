@@ -24,8 +24,7 @@ from transformers import AutoModel
 
 import carryover_hf  # noqa: F401  (registers the drafter classes, installs the generation hook)
 from carryover_hf.cpu_kernels import pack_linears, packed_linears_available
-from carryover_hf.generation import CarryoverCandidateGenerator, declare_generation_options
-from carryover_hf.modeling_carryover import CarryoverDrafterModel
+from carryover_hf.generation import RoundObserver, declare_generation_options, observing_rounds
 from carryover_hf.targets import load_target
 
 PROMPTS = [
@@ -36,14 +35,38 @@ PROMPTS = [
 ]
 
 
-def _timed(store: dict, name: str, fn):
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        result = fn(*args, **kwargs)
-        store[name].append(time.perf_counter() - start)
-        return result
+class ProposalTimer(RoundObserver):
+    """Times each `get_candidates` call (`proposal`), each proposal's drafter forward (`block_forward`) and its
+    draft picking (`head`) into `times[head]`; the `"default"` head gets MKL's product instead of the packed one."""
 
-    return wrapper
+    def __init__(self):
+        self.times = {head: defaultdict(list) for head in ("default", "packed")}
+        self.head = "packed"
+        self.marks: dict[str, float] = {}
+
+    def _record(self, name: str, since: str) -> None:
+        now = time.perf_counter()
+        self.times[self.head][name].append(now - self.marks[since])
+        self.marks[name] = now
+
+    def generation_started(self, generator):
+        if self.head == "default":
+            generator.proposer.draft_head.linear = None
+
+    def round_started(self, input_ids):
+        self.marks["round"] = time.perf_counter()
+
+    def proposal_started(self):
+        self.marks["start"] = time.perf_counter()
+
+    def forward_finished(self):
+        self._record("block_forward", since="start")
+
+    def proposal_finished(self):
+        self._record("head", since="block_forward")
+
+    def round_finished(self, input_ids, candidate_ids, candidate_logits):
+        self._record("proposal", since="round")
 
 
 def main() -> None:
@@ -65,42 +88,21 @@ def main() -> None:
     declare_generation_options(target)
     every_round_drafts = dict(lookup_drafts=0, proposal_backoff=0, draft_confidence_threshold=0.0)
 
-    times = {head: defaultdict(list) for head in ("default", "packed")}
-    current = {"head": "packed"}
-    build_head = CarryoverDrafterModel.draft_head
-
-    def draft_head(self, lm_head):
-        head = build_head(self, lm_head)
-        if current["head"] == "default":
-            head.linear = None
-        return head
-
-    CarryoverDrafterModel.draft_head = draft_head
-    generator = CarryoverCandidateGenerator
-    original = {name: getattr(generator, name) for name in ("get_candidates", "_pick_tokens")}
-    original_forward = drafter.forward
-
-    def install(head: str) -> None:
-        current["head"] = head
-        store = times[head]
-        generator.get_candidates = _timed(store, "proposal", original["get_candidates"])
-        generator._pick_tokens = _timed(store, "head", original["_pick_tokens"])
-        drafter.forward = _timed(store, "block_forward", original_forward)
-
-    for round_ in range(args.rounds):
-        for prompt in PROMPTS:
-            for head in ("default", "packed") if round_ % 2 == 0 else ("packed", "default"):
-                install(head)
-                ids = tokenizer.apply_chat_template(
-                    [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt"
-                )
-                ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-                target.generate(
-                    ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens, do_sample=False, **every_round_drafts
-                )
-    for name, fn in original.items():
-        setattr(generator, name, fn)
-    CarryoverDrafterModel.draft_head = build_head
+    timer = ProposalTimer()
+    times = timer.times
+    with observing_rounds(drafter, timer):
+        for round_ in range(args.rounds):
+            for prompt in PROMPTS:
+                for head in ("default", "packed") if round_ % 2 == 0 else ("packed", "default"):
+                    timer.head = head
+                    ids = tokenizer.apply_chat_template(
+                        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt"
+                    )
+                    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+                    target.generate(
+                        ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens, do_sample=False,
+                        **every_round_drafts,
+                    )
 
     summary = {
         head: {name: 1e3 * statistics.median(values) for name, values in store.items()} for head, store in times.items()

@@ -196,22 +196,19 @@ def test_lookup_continuation():
 
 
 @pytest.mark.parametrize("kind", ["dflash", "markov"])
-def test_row_one_first_drafts_what_one_call_drafts(targets, kind, monkeypatch):
+def test_row_one_first_drafts_what_one_call_drafts(targets, kind):
     """With a threshold the first row is drafted alone, then the rest; when nothing is cut the candidates (tokens and
     logits, after a prefix-dependent processor) are those of one call over all rows."""
     from transformers import GenerationConfig
 
-    from carryover_hf.generation import CarryoverCandidateGenerator
+    from carryover_hf.generation import RoundObserver, observing_rounds
 
     seen = []
-    original = CarryoverCandidateGenerator.get_candidates
 
-    def recording(self, *args, **kwargs):
-        ids, logits = original(self, *args, **kwargs)
-        seen.append((ids.clone(), None if logits is None else logits.clone()))
-        return ids, logits
+    class Recording(RoundObserver):
+        def round_finished(self, input_ids, ids, logits):
+            seen.append((ids.clone(), None if logits is None else logits.clone()))
 
-    monkeypatch.setattr(CarryoverCandidateGenerator, "get_candidates", recording)
     target = targets["llama"][1]
     drafter = tiny_drafter(target, block_size=6, drafter_type=kind, seed=4)
     runs = []
@@ -219,7 +216,8 @@ def test_row_one_first_drafts_what_one_call_drafts(targets, kind, monkeypatch):
         seen.clear()
         config = GenerationConfig(max_new_tokens=16, do_sample=False, repetition_penalty=1.3, output_logits=False,
                                   draft_confidence_threshold=threshold)
-        target.generate(_prompt(5), assistant_model=drafter, generation_config=config)
+        with observing_rounds(drafter, Recording()):
+            target.generate(_prompt(5), assistant_model=drafter, generation_config=config)
         runs.append(list(seen))
     assert len(runs[0]) == len(runs[1]) > 2
     for (ids_a, logits_a), (ids_b, logits_b) in zip(*runs):

@@ -60,13 +60,12 @@ def test_statistics_belong_to_the_generator_and_times_only_when_asked(models, mo
     target, drafter = models
     prompt = torch.tensor([[5, 6, 7, 8]])
     generators = []
-    original = generation.CarryoverCandidateGenerator.__init__
 
-    def recording(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        generators.append(self)
+    class Recording(generation.RoundObserver):
+        def generation_started(self, generator):
+            generators.append(generator)
 
-    monkeypatch.setattr(generation.CarryoverCandidateGenerator, "__init__", recording)
+    monkeypatch.setattr(drafter, "round_observer", Recording(), raising=False)
     target.generate(prompt, assistant_model=drafter, max_new_tokens=12, do_sample=False)
     untimed = drafter.last_generation_stats
     assert untimed is generators[-1].stats and not untimed.timed

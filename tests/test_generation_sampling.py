@@ -23,7 +23,7 @@ from transformers import (
 )
 
 import carryover_hf  # noqa: F401
-from carryover_hf.generation import CarryoverCandidateGenerator
+from carryover_hf.generation import ConfidenceRule, RoundObserver, observing_rounds
 from carryover_hf.testing import tiny_drafter, tiny_target
 
 
@@ -195,39 +195,41 @@ def test_sampling_keeps_target_distribution_with_cpu_kernels(target):
 
 
 @pytest.mark.slow  # a control of the test's power, not of the product: `pytest -m slow`
-def test_chi_square_detects_a_misreported_draft_distribution(target, monkeypatch):
+def test_chi_square_detects_a_misreported_draft_distribution(target):
     """Negative control: drafting greedily while reporting the sampling distribution (a plausible bug) is caught.
 
     (A near-one-hot report for a greedy draft would be lossless; the bug is a mismatch between the two.)
     """
-    original = CarryoverCandidateGenerator._pick_tokens
 
-    def misreporting(self, input_ids, block_states):
-        self.do_sample = False
-        return original(self, input_ids, block_states)
+    class Misreporting(RoundObserver):
+        def generation_started(self, generator):
+            generator.proposer.do_sample = False  # still returns the (sampling) logits: do_sample set them up
 
-    monkeypatch.setattr(CarryoverCandidateGenerator, "_pick_tokens", misreporting)
     drafter = tiny_drafter(target, block_size=4, seed=12)
-    samples, _ = sample_with_drafter(target, drafter, SETTINGS["temperature"])
+    with observing_rounds(drafter, Misreporting()):
+        samples, _ = sample_with_drafter(target, drafter, SETTINGS["temperature"])
     with pytest.raises(AssertionError, match="deviate"):
         assert_matches(samples, exact_distribution(target, SETTINGS["temperature"]))
 
 
 @pytest.mark.slow  # a control of the test's power, not of the product: `pytest -m slow`
-def test_chi_square_detects_a_cut_at_the_sampled_token(target, monkeypatch):
+def test_chi_square_detects_a_cut_at_the_sampled_token(target):
     """Negative control for the adaptive length: cutting at the first draft whose *sampled* token is unlikely (instead
     of the row's top probability) changes which tokens can be proposed, and the test sees the bias."""
 
-    def cut_at_sampled_token(self, input_ids, candidate_ids, candidate_logits):
-        drafts = candidate_ids[:, input_ids.shape[1] :]
-        log_p = candidate_logits.gather(-1, drafts[..., None]).squeeze(-1) - torch.logsumexp(candidate_logits, -1)
-        low = (log_p[0] < torch.log(torch.tensor(self.confidence_threshold))).nonzero()
-        keep = int(low[0, 0]) if low.numel() else drafts.shape[1]
-        return candidate_ids[:, : input_ids.shape[1] + keep], candidate_logits[:, :keep]
+    class CutAtSampledToken(ConfidenceRule):
+        def keep(self, drafts, logits):
+            log_p = logits.gather(-1, drafts[..., None]).squeeze(-1) - torch.logsumexp(logits, -1)
+            low = (log_p[0] < torch.log(torch.tensor(self.threshold))).nonzero()
+            return int(low[0, 0]) if low.numel() else drafts.shape[1]
 
-    monkeypatch.setattr(CarryoverCandidateGenerator, "_cut_at_low_confidence", cut_at_sampled_token)
+    class SwapRule(RoundObserver):
+        def generation_started(self, generator):
+            generator.policy.confidence = CutAtSampledToken(generator.policy.confidence.threshold)
+
     drafter = tiny_drafter(target, block_size=4, seed=12)
     drafter.config.draft_confidence_threshold = 0.125
-    samples, _ = sample_with_drafter(target, drafter, SETTINGS["temperature"])
+    with observing_rounds(drafter, SwapRule()):
+        samples, _ = sample_with_drafter(target, drafter, SETTINGS["temperature"])
     with pytest.raises(AssertionError, match="deviate"):
         assert_matches(samples, exact_distribution(target, SETTINGS["temperature"]))

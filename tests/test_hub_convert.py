@@ -13,7 +13,7 @@ from transformers.generation.candidate_generator import DFlashTokenCandidateGene
 
 import carryover_hf
 from carryover_hf import CarryoverDrafterModel
-from carryover_hf.generation import CarryoverCandidateGenerator
+from carryover_hf.generation import RoundObserver
 from carryover_hf.hub import CheckpointError, detect_format, export_speculators, import_checkpoint
 from carryover_hf.hub.convert import drafter_config_from_checkpoint
 from carryover_hf.hub.convert import main as convert_main
@@ -66,9 +66,9 @@ def muse(tmp_path_factory):
 class Recorder:
     """Records, per round, the proposals and drafter logits of the native and the Carryover candidate generators."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, drafter):
         self.native, self.ours, self.native_lengths = [], [], []
-        native_get, ours_get = DFlashTokenCandidateGenerator.get_candidates, CarryoverCandidateGenerator.get_candidates
+        native_get = DFlashTokenCandidateGenerator.get_candidates
         native_update = DFlashTokenCandidateGenerator.update_candidate_strategy
 
         def native_candidates(gen, input_ids, *args, **kwargs):
@@ -80,18 +80,21 @@ class Recorder:
             self.native.append((input_ids.shape[1], proposals, logits))
             return ids, logits
 
-        def ours_candidates(gen, input_ids, *args, **kwargs):
-            gen.return_logits = True  # greedy decoding needs no candidate logits; ask for them to compare them
-            ids, logits = ours_get(gen, input_ids, *args, **kwargs)
-            self.ours.append((input_ids.shape[1], ids[0, input_ids.shape[1]:].tolist(), logits))
-            return ids, logits
+        ours = self.ours
+
+        class Ours(RoundObserver):
+            def generation_started(self, generator):
+                generator.proposer.return_logits = True  # greedy decoding needs none; ask for them to compare them
+
+            def round_finished(self, input_ids, ids, logits):
+                ours.append((input_ids.shape[1], ids[0, input_ids.shape[1]:].tolist(), logits))
 
         def native_strategy(gen, input_ids, scores, num_matches):
             self.native_lengths.append(int(num_matches) + 1)
             return native_update(gen, input_ids, scores, num_matches)
 
         monkeypatch.setattr(DFlashTokenCandidateGenerator, "get_candidates", native_candidates)
-        monkeypatch.setattr(CarryoverCandidateGenerator, "get_candidates", ours_candidates)
+        monkeypatch.setattr(drafter, "round_observer", Ours(), raising=False)
         monkeypatch.setattr(DFlashTokenCandidateGenerator, "update_candidate_strategy", native_strategy)
 
     def clear(self):
@@ -126,7 +129,7 @@ def test_muse_import_proposes_exactly_what_transformers_dflash_proposes(target_d
     assert torch.equal(drafter.carry_embedding, torch.zeros(HIDDEN))
 
     target = skewed(target_dir, strength)
-    recorder = Recorder(monkeypatch)
+    recorder = Recorder(monkeypatch, drafter)
     generator = torch.Generator().manual_seed(5)
     all_lengths = []
     for prompt in range(10):
@@ -164,7 +167,7 @@ def test_sliding_window_is_rejected_or_exact_inside_the_window(target, target_di
     drafter = CarryoverDrafterModel.from_pretrained(tmp_path / "full").eval()
     assert drafter.config.imported_from["sliding_window"] == window
 
-    recorder = Recorder(monkeypatch)
+    recorder = Recorder(monkeypatch, drafter)
     ids = torch.tensor([[1, 2, 3, 4]])
     target.generate(ids, assistant_model=model, speculation_type="dflash", max_new_tokens=12, do_sample=False)
     target.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=False)
@@ -433,7 +436,7 @@ def test_muse_glimmer_target_proposals_match(tmp_path, monkeypatch):
     model.save_pretrained(tmp_path / "muse")
     import_checkpoint(tmp_path / "muse", tmp_path / "converted", target=tmp_path / "target")
     drafter = CarryoverDrafterModel.from_pretrained(tmp_path / "converted").eval()
-    recorder = Recorder(monkeypatch)
+    recorder = Recorder(monkeypatch, drafter)
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     glimmer.generate(ids, assistant_model=model, speculation_type="dflash", max_new_tokens=8, do_sample=False)
     glimmer.generate(ids, assistant_model=drafter, max_new_tokens=8, do_sample=False)

@@ -10,6 +10,7 @@ Transformers' own, which is what keeps the output lossless. See docs/generate.md
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import time
@@ -112,8 +113,332 @@ class GenerationStats:
         return {**asdict(self), "num_rounds": self.num_rounds, "mean_acceptance_length": self.mean_acceptance_length}
 
 
+class RoundObserver:
+    """Instrumentation of a `generate` call's rounds, for tests and benchmarks: subclass it and override what you need
+    (each method is a no-op here), then generate inside `observing_rounds(drafter, observer)`. The generator calls it
+    at round boundaries; nothing in it changes what is proposed unless it changes the generator it is handed."""
+
+    def generation_started(self, generator: "CarryoverCandidateGenerator") -> None:
+        """The call's candidate generator is built (its `proposer` and `policy` included), before the prefill."""
+
+    def round_started(self, input_ids: torch.LongTensor) -> None:
+        """`get_candidates` was called (the prefill's call included)."""
+
+    def proposal_started(self) -> None:
+        """A drafter proposal's forward starts (its inputs are ready)."""
+
+    def forward_finished(self) -> None:
+        """The proposal's drafter forward returned; its drafts are picked next."""
+
+    def proposal_finished(self) -> None:
+        """The proposal's drafts are picked (and cut by the confidence rule, if any)."""
+
+    def round_finished(
+        self, input_ids: torch.LongTensor, candidate_ids: torch.LongTensor, candidate_logits: torch.Tensor | None
+    ) -> None:
+        """`get_candidates` returns these candidates (`candidate_ids == input_ids`: a plain target step)."""
+
+
+@contextlib.contextmanager
+def observing_rounds(drafter: CarryoverDrafterModel, observer: RoundObserver):
+    """`generate` calls with `drafter` as their assistant report their rounds to `observer` inside this block."""
+    previous = drafter.__dict__.get("round_observer")
+    drafter.round_observer = observer
+    try:
+        yield observer
+    finally:
+        drafter.round_observer = previous
+
+
+@dataclass
+class ConfidenceRule:
+    """`draft_confidence_threshold`: a proposal ends at the first row whose drafter confidence is below `threshold`.
+
+    Confidence = the probability of the row's most likely token under the distribution its draft was drawn from (the
+    returned candidate logits). Greedy drafts are that token, so this is the drafted token's probability. Under
+    sampling the rule must not look at the sampled token itself: dropping a draft because *it* came out unlikely would
+    change which tokens get proposed and bias the output (tests/test_generation_sampling.py shows the chi-square test
+    rejecting that variant); the top probability of row j depends only on the drafts before it, so the proposal
+    length stays a stopping time and verification keeps the target's distribution exactly.
+    """
+
+    threshold: float
+
+    def keep(self, drafts: torch.LongTensor, logits: torch.Tensor) -> int:
+        """How many of the drafts `(1, k)` to keep, given the logits `(1, k, V)` they were drawn from."""
+        logits = logits[0].float()
+        confidence = logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)  # log of the top probability
+        low = (confidence < torch.log(torch.tensor(float(self.threshold)))).nonzero()
+        return drafts.shape[1] if low.numel() == 0 else int(low[0, 0])
+
+
+@dataclass
+class DraftProposal:
+    """What one drafter proposal returned: the candidates (the prefix followed by `num_drafts` drafts), the carry rows
+    it saw and whether the confidence rule cut it."""
+
+    candidate_ids: torch.LongTensor
+    candidate_logits: torch.Tensor | None
+    num_drafts: int
+    carry_rows: int
+    cut_by_confidence: bool
+
+
+class DrafterProposer:
+    """The mechanism of a round: the drafter's context buffer, the carry segment of rejected rows and one proposal.
+
+    `observe(verified, num_accepted)` after each verification: the accepted rows join the context (the drafter fuses
+    them at its next proposal), the rejected ones become the carry of the next proposal only. `propose(input_ids,
+    num_drafts)` runs one drafter forward over `[anchor, MASK x (B-1)]` and picks the drafts. It decides nothing:
+    whether a round proposes, and how many drafts, is `ProposalPolicy`'s. The carry-overhead benchmark
+    (`bench.overhead.RecordedRound`) times this same object.
+    """
+
+    def __init__(
+        self,
+        drafter: CarryoverDrafterModel,
+        embed_tokens: torch.nn.Module,
+        draft_head: Any,
+        max_length: int,
+        *,
+        use_carryover: bool = True,
+        do_sample: bool = False,
+        return_logits: bool = False,
+        logits_processor: LogitsProcessorList | None = None,
+        observer: RoundObserver | None = None,
+    ):
+        self.drafter = drafter
+        self.config = drafter.config
+        self.device = drafter.device
+        self.embed_tokens = embed_tokens
+        self.draft_head = draft_head  # the head's draft-vocabulary rows, gathered once
+        self.use_carryover = bool(use_carryover)
+        self.do_sample = do_sample
+        self.return_logits = return_logits
+        self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
+        self.observer = observer or RoundObserver()
+        # Everything a proposal needs that does not change between rounds is built once: the context key/value buffer
+        # (sized from the length budget, with the rotary table), the block embeddings [anchor, MASK x (B-1)] (row 0
+        # is rewritten each proposal) and the positions.
+        block_size = self.config.block_size
+        self.context_cache = DrafterContextBuffer(drafter, max_positions=max_length)
+        mask_ids = torch.full((1, block_size), self.config.mask_token_id, device=embed_tokens.weight.device)
+        self.block_embeds = embed_block_tokens(embed_tokens, mask_ids).to(self.device, drafter.fc.weight.dtype)
+        self.positions = torch.arange(max_length + 2 * block_size, device=self.device).unsqueeze(0)
+        self.num_context = 0  # position of the next context row = position of the next anchor
+        self.num_cached = 0  # context rows the drafter has seen (fewer while rounds go by without a proposal)
+        self.uncached: list[torch.Tensor] = []  # verified rows since then, given to the next proposal
+        self.started = False  # whether the prefill's states have been observed
+        self.drafted = False  # whether the last proposal was this drafter's (only its rejected rows are carried)
+        self.carry_features: torch.Tensor | None = None
+        self.carry_positions: torch.Tensor | None = None
+
+    def accepted_rows(self, sequence_length: int, num_verified: int) -> int:
+        """How many of the verified rows the target accepted (the prefill's: all). The sequence's length tells it (the
+        anchor sits at `num_context`, the new last token at the end), without reading `n_last_matches`: a device
+        tensor on some Transformers releases (reading it would sync)."""
+        num_accepted = sequence_length - 1 - self.num_context if self.started else num_verified
+        if not 1 <= num_accepted <= num_verified:
+            raise RuntimeError(
+                f"Drafter context ({self.num_context} rows) is out of step with the sequence ({sequence_length} "
+                f"tokens, {num_verified} verified rows)."
+            )
+        return num_accepted
+
+    def observe(self, verified: torch.Tensor, num_accepted: int) -> None:
+        """The target's states `(1, n, k * H)` at the rows it just verified, of which the first `num_accepted` were
+        accepted: they join the context at their absolute positions (rows verified in rounds without a proposal wait
+        for the next one). The rest (states at rejected drafts) become the carry of the next proposal only, at the
+        positions where they were verified, when carry is on and the last proposal was the drafter's (a lookup's
+        rejected drafts are not what it was trained to read)."""
+        self.started = True
+        rejected = verified[:, num_accepted:]
+        if num_accepted > 0:
+            self.uncached.append(verified[:, :num_accepted])
+        self.num_context += num_accepted
+        if self.use_carryover and rejected.shape[1] > 0 and self.drafted:
+            self.carry_features = rejected
+            self.carry_positions = self.positions[:, self.num_context : self.num_context + rejected.shape[1]]
+        else:
+            self.carry_features = self.carry_positions = None
+        self.drafted = False
+
+    def rewind(self, num_context: int) -> None:
+        """Back to `num_context` committed context rows and nothing waiting (a benchmark re-times one round)."""
+        self.context_cache.length = self.num_context = self.num_cached = num_context
+        self.uncached = []
+        self.carry_features = self.carry_positions = None
+
+    def propose(
+        self, input_ids: torch.LongTensor, num_drafts: int, confidence: ConfidenceRule | None = None
+    ) -> DraftProposal:
+        """One drafter forward over `[anchor, MASK x (B-1)]` at positions anchor + j (the anchor is the last token of
+        `input_ids`), with the waiting context rows and the carry; then up to `num_drafts` drafts, cut by
+        `confidence` if given."""
+        context = None
+        if self.uncached:
+            context = self.uncached[0] if len(self.uncached) == 1 else torch.cat(self.uncached, dim=1)
+        context_positions = self.positions[:, self.num_cached : self.num_context]
+        self.uncached, self.num_cached = [], self.num_context
+        self.drafted = True
+        carry_rows = 0 if self.carry_features is None else self.carry_features.shape[1]
+        anchor = self.num_context
+        self.block_embeds[:, :1] = embed_block_tokens(self.embed_tokens, input_ids[:, -1:]).to(self.block_embeds)
+        self.observer.proposal_started()
+        output = self.drafter(
+            block_embeds=self.block_embeds,
+            block_position_ids=self.positions[:, anchor : anchor + self.config.block_size],
+            context_features=context,
+            context_position_ids=context_positions if context is not None else None,
+            carry_features=self.carry_features,
+            carry_position_ids=self.carry_positions,
+            past_key_values=self.context_cache,
+            use_cache=True,
+        )
+        block_states = output.last_hidden_state[:, 1 : 1 + num_drafts]
+        self.observer.forward_finished()
+        if confidence is None:
+            candidate_ids, candidate_logits = self.pick_tokens(input_ids, block_states)
+            cut = False
+        else:
+            candidate_ids, candidate_logits, cut = self._pick_while_confident(input_ids, block_states, confidence)
+        self.observer.proposal_finished()
+        num_drafts = candidate_ids.shape[1] - input_ids.shape[1]
+        return DraftProposal(candidate_ids, candidate_logits, num_drafts, carry_rows, cut)
+
+    def _pick_while_confident(
+        self, input_ids: torch.LongTensor, block_states: torch.Tensor, confidence: ConfidenceRule
+    ) -> tuple[torch.LongTensor, torch.Tensor | None, bool]:
+        """Drafts under the confidence rule: the first row alone, then (if it is confident) the others.
+
+        The LM head dominates a proposal on CPU, and a weak drafter's proposals mostly end at row 1, so row 1 is
+        drafted first and rows 2.. only when it passes. The second call continues from the first draft (it is the
+        anchor and the end of the prefix), so the drafts and their distributions are those of one call over all rows.
+        """
+        candidate_ids, candidate_logits = self.pick_tokens(input_ids, block_states[:, :1])
+        candidate_ids, candidate_logits, cut = _cut(input_ids, candidate_ids, candidate_logits, confidence)
+        if cut or block_states.shape[1] == 1:
+            return candidate_ids, candidate_logits, cut
+        rest_ids, rest_logits = self.pick_tokens(candidate_ids, block_states[:, 1:])
+        candidate_logits = torch.cat([candidate_logits, rest_logits.to(candidate_logits.device)], dim=1)
+        return _cut(input_ids, rest_ids, candidate_logits, confidence)
+
+    def pick_tokens(
+        self, input_ids: torch.LongTensor, block_states: torch.Tensor
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """Drafts from the block states via `drafter.propose`, and exactly the distributions they were drawn from.
+
+        Transformers' speculative sampling accepts draft j with probability min(1, p/q) where q = softmax of the
+        returned logits, so the logits returned must be the ones the draft was drawn from. Greedy decoding compares
+        tokens only, so no logits are built for it (unless an ensemble weight or the confidence rule asks for them).
+        """
+        proposal = self.drafter.propose(
+            block_states,
+            self.draft_head,
+            input_ids[:, -1],
+            prefix_ids=input_ids,
+            logits_processor=self.logits_processor,
+            do_sample=self.do_sample,
+            return_logits=self.return_logits,
+        )
+        return torch.cat([input_ids, proposal.tokens.to(input_ids.device)], dim=-1), proposal.logits
+
+
+def _cut(
+    input_ids: torch.LongTensor, candidate_ids: torch.LongTensor, candidate_logits: torch.Tensor, rule: ConfidenceRule
+) -> tuple[torch.LongTensor, torch.Tensor, bool]:
+    """The candidates up to the first draft `rule` does not keep, and whether any was dropped."""
+    start = input_ids.shape[1]
+    keep = rule.keep(candidate_ids[:, start:], candidate_logits)
+    if keep >= candidate_ids.shape[1] - start:
+        return candidate_ids, candidate_logits, False
+    return candidate_ids[:, : start + keep], candidate_logits[:, :keep], True
+
+
+def lookup_candidates(
+    input_ids: torch.LongTensor, drafts: torch.LongTensor, vocab_size: int, return_logits: bool
+) -> tuple[torch.LongTensor, torch.Tensor | None]:
+    """A context lookup's candidates: the drafts after the sequence (the drafter does not run; its verified rows wait
+    for the next drafter proposal, as after a plain step). Under sampling they come with one-hot distributions (q = 1
+    at the draft): speculative sampling then accepts draft j with the target's probability of it and otherwise samples
+    from the target's distribution without it, which is the target's distribution."""
+    candidate_ids = torch.cat([input_ids, drafts.unsqueeze(0)], dim=-1)
+    if not return_logits:
+        return candidate_ids, None
+    candidate_logits = torch.full((1, drafts.numel(), vocab_size), float("-inf"), device=drafts.device)
+    candidate_logits.scatter_(-1, drafts.view(1, -1, 1), 0.0)
+    return candidate_ids, candidate_logits
+
+
+@dataclass
+class RoundPlan:
+    """What a round does: `"draft"` (a drafter proposal of up to `num_drafts`), `"lookup"` (propose `drafts`, copied
+    from the context), `"plain"` (no proposal: Transformers runs a plain target step, its own distribution at T > 0),
+    `"skip"` (a plain step because `proposal_backoff` holds proposals back) or `"end"` (a plain step that fills the
+    length budget: generation ends there). `lookup_skipped`: `lookup_backoff` held this round's lookup back."""
+
+    kind: str
+    num_drafts: int = 0
+    drafts: torch.LongTensor | None = None
+    lookup_skipped: bool = False
+
+
+class ProposalPolicy:
+    """The policy of a round: a plain step, a context lookup or a drafter proposal, and how many drafts; it holds the
+    two backoffs (`proposal_backoff`, `lookup_backoff`) and the confidence rule (`draft_confidence_threshold`, applied
+    by the proposer row by row). Lossless: every choice depends only on tokens already verified."""
+
+    def __init__(
+        self,
+        block_size: int,
+        max_length: int,
+        *,
+        lookup_drafts: int | None = None,
+        lookup_backoff: int | None = None,
+        proposal_backoff: int | None = None,
+        confidence_threshold: float | None = None,
+    ):
+        self.block_size, self.max_length = block_size, max_length
+        self.lookup_drafts = lookup_drafts
+        self.lookup_backoff = Backoff.of(lookup_backoff)
+        self.backoff = Backoff.of(proposal_backoff)
+        self.confidence = None if confidence_threshold is None else ConfidenceRule(float(confidence_threshold))
+        self.last_num_drafts = 0  # drafts of the last drafter proposal (0 after a plain step or a lookup)
+        self.last_from_lookup = False  # whether the round just verified proposed a context lookup
+
+    def plan(self, input_ids: torch.LongTensor, first_draft_accepted: bool) -> RoundPlan:
+        """This round's plan, given the sequence and whether the round just verified accepted its first draft."""
+        room = self.max_length - input_ids.shape[1] - 1  # drafts that fit before the length budget's last token
+        num_drafts = min(self.block_size - 1, room)
+        if self.lookup_backoff is not None and self.last_from_lookup:
+            self.lookup_backoff.record(first_draft_accepted)
+        last_num_drafts, self.last_num_drafts, self.last_from_lookup = self.last_num_drafts, 0, False
+        if num_drafts <= 0:
+            return RoundPlan("end")  # the next target step fills the length budget: no proposal is needed
+        lookup_skipped = False
+        if self.lookup_drafts is not None:
+            lookup_skipped = self.lookup_backoff is not None and self.lookup_backoff.skips()
+            drafts = None if lookup_skipped else lookup_continuation(input_ids[0], min(self.lookup_drafts, room))
+            if drafts is not None:
+                self.last_from_lookup = True
+                return RoundPlan("lookup", drafts=drafts)
+        # `proposal_backoff`: after a proposal whose first draft the target rejected, the next 1, 2, 4, ... rounds
+        # (at most `proposal_backoff`) are plain target steps with no drafter forward; an accepted draft resets it.
+        if self.backoff is not None:
+            if last_num_drafts > 0:  # the round just verified had a drafter proposal: update the streak
+                self.backoff.record(first_draft_accepted)
+            if self.backoff.skips():
+                return RoundPlan("skip", lookup_skipped=lookup_skipped)
+        return RoundPlan("draft", num_drafts=num_drafts, lookup_skipped=lookup_skipped)
+
+    def drafted(self, num_drafts: int) -> None:
+        """The drafter proposed `num_drafts` drafts this round (after the confidence rule)."""
+        self.last_num_drafts = num_drafts
+
+
 class CarryoverCandidateGenerator(CandidateGenerator):
-    """Proposes one block per round from the target's verified states.
+    """Proposes one block per round from the target's verified states: `ProposalPolicy` decides what each round does,
+    `DrafterProposer` holds the drafter's context and carry and runs its proposals.
 
     Round r: the target verified `[anchor, d_1..d_K]` and accepted m drafts. Rows `0..m` join the drafter's context
     cache; rows `m+1..K` (states at rejected drafts) become the carry segment of the next proposal only.
@@ -130,8 +455,10 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         logits_processor: LogitsProcessorList | None,
         model_kwargs: dict[str, Any],
         check: bool = True,
+        observer: RoundObserver | None = None,
     ):
-        """`check=False` skips the drafter/target checks (the generate hook has already run them)."""
+        """`check=False` skips the drafter/target checks (the generate hook has already run them). `observer`
+        (default: the one `observing_rounds` gave the drafter, if any) is told of every round's boundaries."""
         if check:
             check_pair(target, drafter)
             check_generation_options(generation_config)
@@ -140,33 +467,44 @@ class CarryoverCandidateGenerator(CandidateGenerator):
 
         self.drafter = drafter
         self.config = drafter.config
-        self.embed_tokens = target.get_input_embeddings()
-        self.lm_head = target.get_output_embeddings()
-        self.draft_head = drafter.draft_head(self.lm_head)  # the head's draft-vocabulary rows, gathered once
+        self.device = drafter.device
+        self.observer = observer or getattr(drafter, "round_observer", None) or RoundObserver()
         self.model_kwargs_overrides = {"output_hidden_states": hidden_state_indices(self.config.target_layer_ids)}
         self.max_length = generation_config.max_length
-        self.do_sample = bool(generation_config.do_sample)
-        self.use_carryover = _option(generation_config, "use_carryover", drafter.config.use_carryover)
-        self.confidence_threshold = _option(
-            generation_config, "draft_confidence_threshold", getattr(drafter.config, "draft_confidence_threshold", None)
-        )
-        if self.confidence_threshold is not None and not 0.0 <= float(self.confidence_threshold) <= 1.0:
-            raise ValueError(f"draft_confidence_threshold must lie in [0, 1] or be None, got {self.confidence_threshold}.")
-        if self.confidence_threshold is not None and float(self.confidence_threshold) == 0.0:
-            self.confidence_threshold = None  # 0 never cuts a proposal: the same as off (and turns off a config default)
+        confidence_threshold = getattr(drafter.config, "draft_confidence_threshold", None)
+        confidence_threshold = _option(generation_config, "draft_confidence_threshold", confidence_threshold)
+        if confidence_threshold is not None and not 0.0 <= float(confidence_threshold) <= 1.0:
+            raise ValueError(f"draft_confidence_threshold must lie in [0, 1] or be None, got {confidence_threshold}.")
+        if confidence_threshold is not None and float(confidence_threshold) == 0.0:
+            confidence_threshold = None  # 0 never cuts a proposal: the same as off (and turns off a config default)
         # 0 never skips / never looks up: the same as off (and turns off a config default).
-        self.backoff = Backoff.of(_count_option(generation_config, drafter.config, "proposal_backoff"))
-        self.lookup_drafts = _count_option(generation_config, drafter.config, "lookup_drafts")
-        self.lookup_backoff = Backoff.of(_count_option(generation_config, drafter.config, "lookup_backoff"))
-        self.timing = bool(_option(generation_config, "carryover_timing", False))
-        # Speculative sampling, Transformers' lossy ensemble mode and the confidence rule read the candidate logits;
-        # plain greedy decoding does not.
-        self.return_logits = (
-            self.do_sample
-            or getattr(generation_config, "assistant_ensemble_weight", None) is not None
-            or self.confidence_threshold is not None
+        self.policy = ProposalPolicy(
+            self.config.block_size,
+            self.max_length,
+            lookup_drafts=_count_option(generation_config, drafter.config, "lookup_drafts"),
+            lookup_backoff=_count_option(generation_config, drafter.config, "lookup_backoff"),
+            proposal_backoff=_count_option(generation_config, drafter.config, "proposal_backoff"),
+            confidence_threshold=confidence_threshold,
         )
-        self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
+        do_sample = bool(generation_config.do_sample)
+        lm_head = target.get_output_embeddings()
+        self.vocab_size = lm_head.weight.shape[0]
+        self.proposer = DrafterProposer(
+            drafter,
+            target.get_input_embeddings(),
+            drafter.draft_head(lm_head),
+            self.max_length,
+            use_carryover=_option(generation_config, "use_carryover", drafter.config.use_carryover),
+            do_sample=do_sample,
+            # Speculative sampling, Transformers' lossy ensemble mode and the confidence rule read the candidate
+            # logits; plain greedy decoding does not.
+            return_logits=do_sample
+            or getattr(generation_config, "assistant_ensemble_weight", None) is not None
+            or confidence_threshold is not None,
+            logits_processor=logits_processor,
+            observer=self.observer,
+        )
+        self.timing = bool(_option(generation_config, "carryover_timing", False))
         eos = getattr(generation_config, "_eos_token_tensor", None)
         self.stop_token_ids = None if ASSISTED_LOOP_CROPS_AT_EOS or eos is None else eos.reshape(-1).to(drafter.device)
         if self.stop_token_ids is not None and bool(torch.isin(input_ids[0, -1].to(drafter.device), self.stop_token_ids)):
@@ -174,34 +512,17 @@ class CarryoverCandidateGenerator(CandidateGenerator):
                 "The prompt ends with an end-of-sequence token, and Transformers 5.17's assisted loop then stops before "
                 "generating anything (plain generate does not): drop the trailing token, or use Transformers >= 5.18."
             )
-        self.device = drafter.device
-
-        # Everything a proposal needs that does not change between rounds is built once per call: the context
-        # key/value buffer (sized from the length budget, with the rotary table), the block embeddings
-        # [anchor, MASK x (B-1)] (row 0 is rewritten each round) and the positions.
-        block_size = self.config.block_size
-        self.context_cache = DrafterContextBuffer(drafter, max_positions=self.max_length)
-        mask_ids = torch.full((1, block_size), self.config.mask_token_id, device=self.embed_tokens.weight.device)
-        self.block_embeds = embed_block_tokens(self.embed_tokens, mask_ids).to(self.device, drafter.fc.weight.dtype)
-        self.positions = torch.arange(self.max_length + 2 * block_size, device=self.device).unsqueeze(0)
-        self.num_context = 0  # position of the next context row = position of the next anchor
-        self.num_cached = 0  # context rows the drafter has seen (fewer while the backoff skips proposals)
-        self.uncached: list[torch.Tensor] = []  # verified rows since then, given to the next proposal
-        self.last_num_drafts = 0  # drafts of the last drafter proposal (0 after a plain step or a lookup)
-        self.last_from_lookup = False  # whether the round just verified proposed a context lookup
-        self.started = False  # whether the prefill's states have reached the drafter
-        self.carry_features: torch.Tensor | None = None
-        self.carry_positions: torch.Tensor | None = None
         self.finished_drafting = False
         self.stats = GenerationStats(timed=self.timing)
         drafter.last_generation_stats = self.stats  # the generator owns it; the drafter keeps a reference for users
         self._sync = device_synchronizer(self.device)
         self._clock = time.perf_counter() if self.timing else 0.0
+        self.observer.generation_started(self)
 
     @property
     def num_drafting_tokens(self) -> int:
         """The most drafts one round proposes (Transformers 5.25+ sizes the target cache's recording by it)."""
-        return max(self.config.block_size - 1, self.lookup_drafts or 0)
+        return max(self.config.block_size - 1, self.policy.lookup_drafts or 0)
 
     def _lap(self) -> float:
         """Seconds since the last lap (0 unless timing was asked for: timing synchronises the device)."""
@@ -222,9 +543,44 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         n_last_matches: int = 0,
         **kwargs,
     ) -> tuple[torch.LongTensor, torch.Tensor | None]:
-        candidate_ids, candidate_logits = self._candidates(input_ids, model_outputs, is_first_iteration)
-        if self.stop_token_ids is not None and candidate_ids.shape[1] > input_ids.shape[1]:
+        self.observer.round_started(input_ids)
+        self._lap()  # closes the bookkeeping between rounds (or the setup before the prefill)
+        if is_first_iteration:  # the target's prefill runs first: there are no states to draft from yet
+            return self._finish(input_ids, input_ids, None)
+        if self.finished_drafting:
+            raise RuntimeError("The drafter was asked for candidates after the length budget ran out.")
+        verified = gather_target_features(model_outputs.hidden_states, self.config.target_layer_ids).to(self.device)
+        num_accepted = self.proposer.accepted_rows(input_ids.shape[1], verified.shape[1])
+        self.proposer.observe(verified, num_accepted)
+        plan = self.policy.plan(input_ids, first_draft_accepted=num_accepted > 1)
+        candidate_ids, candidate_logits = input_ids, None  # a plain target step unless the plan proposes
+        if plan.kind == "lookup":
+            candidate_ids, candidate_logits = lookup_candidates(
+                input_ids, plan.drafts, self.vocab_size, self.proposer.return_logits
+            )
+        elif plan.kind == "draft":
+            proposal = self.proposer.propose(input_ids, plan.num_drafts, self.policy.confidence)
+            self.policy.drafted(proposal.num_drafts)
+            candidate_ids, candidate_logits = proposal.candidate_ids, proposal.candidate_logits
+            self.stats.carry_rows.append(proposal.carry_rows)
+            self.stats.stopped_by_confidence += int(proposal.cut_by_confidence)
+        self.finished_drafting = plan.kind == "end"
+        self.stats.skipped_by_backoff += int(plan.kind == "skip")
+        self.stats.lookups_skipped_by_backoff += int(plan.lookup_skipped)
+        self.stats.lookup_proposals += int(plan.kind == "lookup")
+        if self.stop_token_ids is not None:
             candidate_ids, candidate_logits = self._cut_after_stop_token(input_ids, candidate_ids, candidate_logits)
+        self.stats.draft_lengths.append(candidate_ids.shape[1] - input_ids.shape[1])
+        self.stats.drafting_time += self._lap()
+        return self._finish(input_ids, candidate_ids, candidate_logits)
+
+    def _finish(
+        self, input_ids: torch.LongTensor, candidate_ids: torch.LongTensor, candidate_logits: torch.Tensor | None
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """The round's candidates, as Transformers takes them (no drafts: the sequence itself and no logits)."""
+        if candidate_ids.shape[1] == input_ids.shape[1]:
+            candidate_ids, candidate_logits = input_ids, None
+        self.observer.round_finished(input_ids, candidate_ids, candidate_logits)
         return candidate_ids, candidate_logits
 
     def _cut_after_stop_token(
@@ -237,200 +593,12 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         if hits.numel() == 0:
             return candidate_ids, candidate_logits
         keep = int(hits[0, 0]) + 1
-        self.stats.draft_lengths[-1] = keep
         logits = None if candidate_logits is None else candidate_logits[:, :keep]
         return candidate_ids[:, : start + keep], logits
 
-    def _candidates(
-        self, input_ids: torch.LongTensor, model_outputs: Any, is_first_iteration: bool
-    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
-        # The target's prefill runs first: there are no states to draft from yet.
-        if is_first_iteration:
-            self._lap()
-            return input_ids, None
-        if self.finished_drafting:
-            raise RuntimeError("The drafter was asked for candidates after the length budget ran out.")
-        self._lap()  # closes the bookkeeping between rounds
-
-        # 1. Verify output -> split accepted / rejected rows (the prefill's rows are all accepted). The sequence's
-        # length tells how many rows were accepted (the anchor sits at `num_context`, the new last token at the end),
-        # without reading `n_last_matches`: a device tensor on some Transformers releases (reading it would sync).
-        verified = gather_target_features(model_outputs.hidden_states, self.config.target_layer_ids).to(self.device)
-        num_accepted = input_ids.shape[1] - 1 - self.num_context if self.started else verified.shape[1]
-        if not 1 <= num_accepted <= verified.shape[1]:
-            raise RuntimeError(
-                f"Drafter context ({self.num_context} rows) is out of step with the sequence ({input_ids.shape[1]} "
-                f"tokens, {verified.shape[1]} verified rows)."
-            )
-        n_last_matches = num_accepted - 1
-        self.started = True
-        accepted, rejected = verified[:, :num_accepted], verified[:, num_accepted:]
-
-        # 2. Update context: accepted rows keep their absolute positions (rows verified while the backoff skipped
-        # proposals are still waiting for the drafter: they go in with these).
-        self.uncached.append(accepted)
-        self.num_context += num_accepted
-        anchor_position = self.num_context
-
-        # 3. Refresh carry: the rejected rows, at the positions where they were verified; replaced every round.
-        # Only the drafter's own rejected drafts are carried (a lookup's are not what it was trained to read).
-        if self.use_carryover and rejected.shape[1] > 0 and not self.last_from_lookup:
-            self.carry_features = rejected
-            self.carry_positions = self.positions[:, anchor_position : anchor_position + rejected.shape[1]]
-        else:
-            self.carry_features = self.carry_positions = None
-
-        room = self.max_length - input_ids.shape[1] - 1  # drafts that fit before the length budget's last token
-        num_drafts = min(self.config.block_size - 1, room)
-        if self.lookup_backoff is not None and self.last_from_lookup:
-            self.lookup_backoff.record(first_draft_accepted=n_last_matches > 0)
-        self.last_from_lookup = False
-        if num_drafts <= 0:
-            # The next target step fills the length budget and generation ends there: no proposal is needed.
-            self.finished_drafting = True
-            return self._plain_step(input_ids)
-        if self.lookup_drafts is not None:
-            if self.lookup_backoff is not None and self.lookup_backoff.skips():
-                self.stats.lookups_skipped_by_backoff += 1
-            else:
-                drafts = lookup_continuation(input_ids[0], min(self.lookup_drafts, room))
-                if drafts is not None:
-                    return self._lookup_proposal(input_ids, drafts)
-        if self._backing_off(n_last_matches):
-            return self._plain_step(input_ids, skipped=True)
-
-        # 4. Draft one block [anchor, MASK x (B-1)] at positions anchor_pos + j.
-        context = self.uncached[0] if len(self.uncached) == 1 else torch.cat(self.uncached, dim=1)
-        context_positions = self.positions[:, self.num_cached : self.num_context]
-        self.uncached, self.num_cached = [], self.num_context
-        self.stats.carry_rows.append(0 if self.carry_features is None else self.carry_features.shape[1])
-        self.block_embeds[:, :1] = embed_block_tokens(self.embed_tokens, input_ids[:, -1:]).to(self.block_embeds)
-        output = self.drafter(
-            block_embeds=self.block_embeds,
-            block_position_ids=self.positions[:, anchor_position : anchor_position + self.config.block_size],
-            context_features=context,
-            context_position_ids=context_positions,
-            carry_features=self.carry_features,
-            carry_position_ids=self.carry_positions,
-            past_key_values=self.context_cache,
-            use_cache=True,
-        )
-        block_states = output.last_hidden_state[:, 1 : 1 + num_drafts]
-        if self.confidence_threshold is None:
-            candidate_ids, candidate_logits = self._pick_tokens(input_ids, block_states)
-        else:
-            candidate_ids, candidate_logits = self._pick_while_confident(input_ids, block_states)
-        num_drafts = candidate_ids.shape[1] - input_ids.shape[1]
-        self.last_num_drafts = num_drafts
-        self.stats.draft_lengths.append(num_drafts)
-        self.stats.drafting_time += self._lap()
-        if num_drafts == 0:
-            # Nothing confident enough: Transformers runs a plain target step (its own distribution at T > 0).
-            return input_ids, None
-        return candidate_ids, candidate_logits
-
-    def _plain_step(self, input_ids: torch.LongTensor, skipped: bool = False) -> tuple[torch.LongTensor, None]:
-        """No proposal this round: Transformers runs a plain target step (its own distribution at T > 0)."""
-        self.last_num_drafts = 0
-        self.carry_features = self.carry_positions = None  # a plain step verifies no drafts: nothing is rejected
-        self.stats.draft_lengths.append(0)
-        self.stats.skipped_by_backoff += int(skipped)
-        self.stats.drafting_time += self._lap()
-        return input_ids, None
-
-    def _lookup_proposal(
-        self, input_ids: torch.LongTensor, drafts: torch.LongTensor
-    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
-        """`lookup_drafts`: this round's drafts are copied from the context; the drafter does not run (its verified
-        rows wait for the next drafter proposal, as after a plain step). Under sampling the drafts come with one-hot
-        distributions (q = 1 at the draft): speculative sampling then accepts draft j with the target's probability
-        of it and otherwise samples from the target's distribution without it, which is the target's distribution."""
-        self.last_num_drafts = 0  # the backoff counts the drafter's failures, not the lookup's
-        self.last_from_lookup = True
-        self.stats.lookup_proposals += 1
-        self.stats.draft_lengths.append(drafts.numel())
-        candidate_ids = torch.cat([input_ids, drafts.unsqueeze(0)], dim=-1)
-        candidate_logits = None
-        if self.return_logits:
-            vocab_size = self.lm_head.weight.shape[0]
-            candidate_logits = torch.full((1, drafts.numel(), vocab_size), float("-inf"), device=drafts.device)
-            candidate_logits.scatter_(-1, drafts.view(1, -1, 1), 0.0)
-        self.stats.drafting_time += self._lap()
-        return candidate_ids, candidate_logits
-
-    def _backing_off(self, n_last_matches: int) -> bool:
-        """`proposal_backoff`: after a proposal whose first draft the target rejected, the next 1, 2, 4, ...
-        rounds (at most `proposal_backoff`) are plain target steps with no drafter forward; an accepted draft resets
-        it. Lossless: which rounds propose depends only on tokens already verified, and a plain step is the target's
-        own step (its distribution at T > 0)."""
-        if self.backoff is None:
-            return False
-        if self.last_num_drafts > 0:  # the round just verified had a drafter proposal: update the streak
-            self.backoff.record(first_draft_accepted=n_last_matches > 0)
-        return self.backoff.skips()
-
-    def _pick_while_confident(
-        self, input_ids: torch.LongTensor, block_states: torch.Tensor
-    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
-        """Drafts under `draft_confidence_threshold`: the first row alone, then (if it is confident) the others.
-
-        The LM head dominates a proposal on CPU, and a weak drafter's proposals mostly end at row 1, so row 1 is
-        drafted first and rows 2.. only when it passes. The second call continues from the first draft (it is the
-        anchor and the end of the prefix), so the drafts and their distributions are those of one call over all rows.
-        """
-        candidate_ids, candidate_logits = self._pick_tokens(input_ids, block_states[:, :1])
-        candidate_ids, candidate_logits = self._cut_at_low_confidence(input_ids, candidate_ids, candidate_logits)
-        if candidate_ids.shape[1] == input_ids.shape[1] or block_states.shape[1] == 1:
-            return candidate_ids, candidate_logits
-        rest_ids, rest_logits = self._pick_tokens(candidate_ids, block_states[:, 1:])
-        candidate_logits = torch.cat([candidate_logits, rest_logits.to(candidate_logits.device)], dim=1)
-        return self._cut_at_low_confidence(input_ids, rest_ids, candidate_logits)
-
-    def _cut_at_low_confidence(
-        self, input_ids: torch.LongTensor, candidate_ids: torch.LongTensor, candidate_logits: torch.Tensor
-    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
-        """Keep the drafts before the first row whose drafter confidence is below the threshold.
-
-        Confidence = the probability of the row's most likely token under the distribution its draft was drawn
-        from (the returned candidate logits). Greedy drafts are that token, so this is the drafted token's
-        probability. Under sampling the rule must not look at the sampled token itself: dropping a draft because
-        *it* came out unlikely would change which tokens get proposed and bias the output (tests/test_generation_sampling.py
-        shows the chi-square test rejecting that variant); the top probability of row j depends
-        only on the drafts before it, so the proposal length stays a stopping time and verification keeps the target's
-        distribution exactly.
-        """
-        logits = candidate_logits[0].float()
-        confidence = logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)  # log of the top probability
-        low = (confidence < torch.log(torch.tensor(float(self.confidence_threshold)))).nonzero()
-        if low.numel() == 0:
-            return candidate_ids, candidate_logits
-        keep = int(low[0, 0])
-        self.stats.stopped_by_confidence += 1
-        return candidate_ids[:, : input_ids.shape[1] + keep], candidate_logits[:, :keep]
-
-    def _pick_tokens(
-        self, input_ids: torch.LongTensor, block_states: torch.Tensor
-    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
-        """Drafts from the block states via `drafter.propose`, and exactly the distributions they were drawn from.
-
-        Transformers' speculative sampling accepts draft j with probability min(1, p/q) where q = softmax of the
-        returned logits, so the logits returned must be the ones the draft was drawn from. Greedy decoding compares
-        tokens only, so no logits are built for it (unless an ensemble weight asks for them).
-        """
-        proposal = self.drafter.propose(
-            block_states,
-            self.draft_head,
-            input_ids[:, -1],
-            prefix_ids=input_ids,
-            logits_processor=self.logits_processor,
-            do_sample=self.do_sample,
-            return_logits=self.return_logits,
-        )
-        return torch.cat([input_ids, proposal.tokens.to(input_ids.device)], dim=-1), proposal.logits
-
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
         elapsed = self._lap()
-        if not self.started:  # the target's prefill produced the first token
+        if not self.proposer.started:  # the target's prefill produced the first token
             self.stats.prefill_time += elapsed
             return
         self.stats.verification_time += elapsed
@@ -585,11 +753,19 @@ def install_generation_hook() -> None:
 __all__ = [
     "CARRYOVER_GENERATION_OPTIONS",
     "CarryoverCandidateGenerator",
+    "ConfidenceRule",
+    "DraftProposal",
+    "DrafterProposer",
     "GenerationStats",
+    "ProposalPolicy",
+    "RoundObserver",
+    "RoundPlan",
     "check_empty_cache",
     "check_generation_options",
     "check_pair",
     "declare_generation_options",
     "install_generation_hook",
+    "lookup_candidates",
     "lookup_continuation",
+    "observing_rounds",
 ]

@@ -32,7 +32,8 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
-from ..features import embed_block_tokens, gather_target_features, hidden_state_indices
+from ..features import gather_target_features, hidden_state_indices
+from ..generation import DrafterProposer
 from ..modeling_carryover import CarryoverDrafterModel, DrafterContextBuffer
 from ..utils import device_synchronizer
 from .stats import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, bootstrap_interval, mean, mean_difference, ratio_of_sums
@@ -46,31 +47,19 @@ def check_new_context_rows(new_context_rows: int, context_lengths: Sequence[int]
         )
 
 
-def _time_proposal(drafter, head, block_embeds, block_positions, cache, new_context, carry, prefix_ids, sync) -> float:
-    """Milliseconds of one proposal: drafter forward (context from `cache` plus the `new_context` rows, optional
-    carry rows) and the greedy drafts as the candidate generator picks them (`drafter.propose` on the draft head built
-    once per pairing; a Markov drafter's transition term included). `new_context` and `carry` are `(features,
-    position_ids)` or `None`; `prefix_ids` ends with the anchor; the buffer is set back to its length before the call
-    afterwards (outside the timing)."""
-    length = cache.get_seq_length()
-    context_features, context_positions = new_context or (None, None)
-    carry_features, carry_positions = carry or (None, None)
+def _time_proposal(proposer: DrafterProposer, observed, prefix_ids, committed: int, sync) -> float:
+    """Milliseconds of one proposal of generate's own `DrafterProposer` (drafter forward over the block, the round's
+    new context rows and the carry on its context buffer, then the greedy drafts as `generate` picks them), after it
+    observed `observed` = `(verified rows, number accepted)` as after a verification; `prefix_ids` ends with the
+    anchor. The proposer is set back to `committed` context rows afterwards (outside the timing), so the next proposal
+    fuses the same new rows again."""
+    proposer.observe(*observed)
     sync()
     start = time.perf_counter()
-    hidden = drafter(
-        block_embeds=block_embeds,
-        block_position_ids=block_positions,
-        context_features=context_features,
-        context_position_ids=context_positions,
-        carry_features=carry_features,
-        carry_position_ids=carry_positions,
-        past_key_values=cache,
-        use_cache=True,
-    ).last_hidden_state
-    drafter.propose(hidden[:, 1:], head, prefix_ids[:, -1], prefix_ids=prefix_ids, do_sample=False, return_logits=False)
+    proposer.propose(prefix_ids, proposer.config.block_size - 1)
     sync()
     elapsed = (time.perf_counter() - start) * 1000.0
-    cache.length = length  # the new context rows were committed: set back, so the next proposal fuses them again
+    proposer.rewind(committed)
     return elapsed
 
 
@@ -95,47 +84,40 @@ def record_features(target: PreTrainedModel, drafter: CarryoverDrafterModel, tok
 
 class RecordedRound:
     """One greedy round of `generate` at context length L, rebuilt from a recorded sequence so it can be timed again
-    and again: the drafter's context buffer holds the rows before the round's `new_context_rows` (as the rounds before
-    it would have left it), the block is `[token L, MASK x (B-1)]`, the carry is the states at `L .. L+B-2`, and the
-    target's cache holds the L tokens. `time(with_carry)` runs a target 1-token step (which leaves the caches as a
-    verification forward does) and then the proposal; the buffer and the target's cache are set back after each."""
+    and again with generate's own `DrafterProposer`: its context buffer holds the rows before the round's
+    `new_context_rows` (as the rounds before it would have left it), the round observes the new rows (accepted) and
+    the states at `L .. L+B-2` (rejected: the carry), the block is `[token L, MASK x (B-1)]`, and the target's cache
+    holds the L tokens. `time(with_carry)` runs a target 1-token step (which leaves the caches as a verification
+    forward does) and then the proposal; the proposer and the target's cache are set back after each."""
 
     def __init__(self, target, drafter, head, ids, features, length: int, new_context_rows: int):
-        block_size, device = drafter.config.block_size, drafter.device
+        block_size = drafter.config.block_size
         self.target, self.drafter, self.head = target, drafter, head
-        self.sync = device_synchronizer(device)
-        positions = torch.arange(length + 2 * block_size, device=device).unsqueeze(0)
-        embed = target.get_input_embeddings()
-        self.cache = DrafterContextBuffer(drafter, max_positions=length + block_size)
+        self.sync = device_synchronizer(drafter.device)
         self.committed = length - new_context_rows
-        drafter(
-            block_embeds=embed_block_tokens(embed, ids[:, :1]).to(device),
-            block_position_ids=positions[:, length - 1 : length],
-            context_features=features[:, : self.committed],
-            context_position_ids=positions[:, : self.committed],
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        self.new_context = (
-            (features[:, self.committed : length], positions[:, self.committed : length]) if new_context_rows else None
-        )
-        block_ids = torch.full((1, block_size), drafter.config.mask_token_id, device=ids.device)
-        block_ids[:, 0] = ids[:, length]
-        self.block_embeds = embed_block_tokens(embed, block_ids).to(device)
-        self.block_positions = positions[:, length : length + block_size]
-        self.carry = (features[:, length : length + block_size - 1], positions[:, length : length + block_size - 1])
+        self.proposer = DrafterProposer(drafter, target.get_input_embeddings(), head, max_length=length + block_size)
+        # The rounds before: the context before the new rows is committed by a proposal (its drafts are not used).
+        self.proposer.observe(features[:, : self.committed], self.committed)
+        self.proposer.propose(ids[:, : self.committed + 1], 1)
+        # What the round's verification leaves: the new rows (accepted), then with carry the B-1 rejected ones.
+        self.observed = {
+            False: (features[:, self.committed : length], new_context_rows),
+            True: (features[:, self.committed : length + block_size - 1], new_context_rows),
+        }
         self.prefix_ids = ids[:, : length + 1]  # ends with the anchor
         self.target_cache = DynamicCache(config=target.config)
         target(ids[:, :length], past_key_values=self.target_cache, use_cache=True)
         self.token = ids[:, length : length + 1]
 
+    @property
+    def cache(self) -> DrafterContextBuffer:
+        return self.proposer.context_cache
+
     def time(self, with_carry: bool) -> tuple[float, float]:
         """Milliseconds of a target 1-token step and of the proposal right after it (with B-1 carry rows or none)."""
         step_ms = _time_target_step(self.target, self.token, self.target_cache, self.sync)
-        proposal_ms = _time_proposal(
-            self.drafter, self.head, self.block_embeds, self.block_positions, self.cache, self.new_context,
-            self.carry if with_carry else None, self.prefix_ids, self.sync,
-        )  # fmt: skip
+        observed = self.observed[with_carry]
+        proposal_ms = _time_proposal(self.proposer, observed, self.prefix_ids, self.committed, self.sync)
         return step_ms, proposal_ms
 
     def check(self) -> None:
