@@ -65,3 +65,49 @@ def test_calibration_is_measured_once_per_model_device_dtype_and_threads(tmp_pat
     finally:
         torch.set_num_threads(threads)
     assert len(list((tmp_path / "verification-cost").glob("*.json"))) == 2  # another thread count, another entry
+
+
+def _plan(policy, sequence, accepted):
+    return policy.plan(torch.tensor([sequence]), first_draft_accepted=accepted > 0, accepted_drafts=accepted)
+
+
+def test_the_cost_aware_policy_probes_a_failing_drafter_ever_more_rarely():
+    from carryover_hf.round_policy import CostAwarePolicy
+
+    cpu = VerificationCost([1.0, 1.1, 1.15, 1.17])
+    policy = CostAwarePolicy(4, 1000, cpu, drafter_cost=0.1, decay=1.0, probe_after=2, max_probe_after=8)
+    kinds, accepted = [], 0
+    for step in range(60):
+        plan = _plan(policy, list(range(step + 1)), accepted)
+        if plan.kind == "draft":
+            policy.drafted(plan.num_drafts)
+        kinds.append(plan.kind)
+        accepted = 0  # the drafter is always wrong
+    assert kinds[0] == "draft"  # the prior says half of the drafts pass: worth a try
+    drafts = [i for i, kind in enumerate(kinds) if kind == "draft"]
+    gaps = [b - a for a, b in zip(drafts, drafts[1:])]
+    assert gaps[-1] == 8 and gaps == sorted(gaps)  # probes at doubling intervals, capped
+    assert kinds.count("plain") > 40
+
+
+def test_the_cost_aware_policy_takes_full_blocks_when_verification_is_free_and_a_suffix_when_text_repeats():
+    from carryover_hf.round_policy import CostAwarePolicy
+    from carryover_hf.suffix_cache import SuffixCache
+
+    policy = CostAwarePolicy(8, 1000, VerificationCost.flat(16), drafter_cost=0.0)
+    plan = _plan(policy, [1, 2, 3], 0)
+    assert plan.kind == "draft" and plan.num_drafts == 7
+    policy.drafted(7)
+    for _ in range(5):  # the drafter keeps failing: free verification still makes any chance worth a full block
+        plan = _plan(policy, [1, 2, 3], 0)
+        assert plan.kind == "draft" and plan.num_drafts == 7
+        policy.drafted(7)
+
+    repeated = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7]
+    cpu = VerificationCost([1.0, 1.1, 1.15, 1.17, 1.22, 1.25, 1.27, 1.29, 1.3, 1.32, 1.35])
+    policy = CostAwarePolicy(4, 1000, cpu, SuffixCache().session(repeated[:-1]), drafter_cost=0.1)
+    policy.estimates["draft"].reached = [100.0] * 3  # a drafter seen to fail, a suffix seen to succeed
+    policy.estimates["lookup"].reached = [100.0] * 16
+    policy.estimates["lookup"].accepted = [90.0] * 16
+    plan = _plan(policy, repeated, 0)
+    assert plan.kind == "lookup" and plan.drafts.tolist()[:3] == [8, 9, 10]

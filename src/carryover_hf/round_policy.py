@@ -54,6 +54,7 @@ class AcceptanceEstimate:
     max_drafts: int
     prior_accept: float = 1.0
     prior_reject: float = 1.0
+    decay: float = 1.0  # each round's counts weigh `decay` times the previous round's (1.0: no forgetting)
     accepted: list[float] = field(default_factory=list)
     reached: list[float] = field(default_factory=list)
 
@@ -63,6 +64,9 @@ class AcceptanceEstimate:
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A verified round: `drafted` drafts offered, the first `accepted` of them accepted."""
+        if self.decay != 1.0:
+            self.accepted = [a * self.decay for a in self.accepted]
+            self.reached = [r * self.decay for r in self.reached]
         for j in range(min(drafted, accepted + 1, self.max_drafts)):  # positions the target judged
             self.reached[j] += 1
             self.accepted[j] += float(j < accepted)
@@ -107,6 +111,88 @@ def best_proposal(
             if value > best.tokens_per_cost + 1e-12:
                 best = Choice(source, k, value)
     return best
+
+
+class CostAwarePolicy:
+    """A round policy with `ProposalPolicy`'s interface (`plan`, `drafted`, `confidence`, `lookup_drafts`) that picks
+    the source and draft count by `best_proposal`: the drafter (up to block size - 1 drafts, at `drafter_cost` steps a
+    proposal) or a suffix match (`SuffixSession`: the live sequence and, with a shared `SuffixCache`, earlier calls;
+    drafts with one-hot distributions under sampling, as a context lookup), else a plain step.
+
+    A pessimistic estimate would never be corrected if the source were never tried again, so after `probe_after`
+    plain rounds in a row the drafter is tried once (the interval doubles after a probe whose first draft fails, up to
+    `max_probe_after`, and resets when one succeeds). Every decision reads only verified rounds (lossless)."""
+
+    def __init__(
+        self,
+        block_size: int,
+        max_length: int,
+        cost: VerificationCost,
+        suffix_session=None,
+        *,
+        drafter_cost: float = 0.1,
+        max_suffix_drafts: int = 16,
+        decay: float = 0.98,
+        probe_after: int = 2,
+        max_probe_after: int = 32,
+    ):
+        self.block_size, self.max_length, self.cost = block_size, max_length, cost
+        self.suffix = suffix_session
+        self.drafter_cost = drafter_cost
+        self.confidence = None  # no confidence cut: the length is chosen here
+        self.lookup_drafts = max_suffix_drafts if suffix_session is not None else None
+        self.estimates = {"draft": AcceptanceEstimate(block_size - 1, decay=decay)}
+        if suffix_session is not None:
+            self.estimates["lookup"] = AcceptanceEstimate(max_suffix_drafts, decay=decay)
+        self.max_suffix_drafts = max_suffix_drafts
+        self.probe_after, self.max_probe_after = probe_after, max_probe_after
+        self.interval = probe_after
+        self.plain_streak = 0
+        self.last: tuple[str, int] | None = None  # (source, drafts) of the round just verified
+        self.probing = False
+        self.choices: list[Choice] = []  # one per planned round (statistics; the benchmark reads them)
+
+    def plan(self, input_ids: torch.LongTensor, first_draft_accepted: bool, accepted_drafts: int | None = None):
+        from .generation import RoundPlan
+
+        if accepted_drafts is None:
+            accepted_drafts = int(first_draft_accepted)  # a lower bound when only the first draft's fate is known
+        if self.last is not None:
+            source, drafted = self.last
+            self.estimates[source].observe(drafted, accepted_drafts)
+            if self.probing:
+                self.interval = self.probe_after if accepted_drafts > 0 else min(2 * self.interval, self.max_probe_after)
+        self.last, self.probing = None, False
+        room = self.max_length - input_ids.shape[1] - 1
+        if room <= 0:
+            return RoundPlan("end")
+        available = {"draft": min(self.block_size - 1, room)}
+        suffix_drafts = None
+        if self.suffix is not None:
+            new = input_ids[0, len(self.suffix.tokens) :].tolist()
+            self.suffix.extend(new)
+            proposal = self.suffix.propose(min(self.max_suffix_drafts, room))
+            if proposal is not None:
+                suffix_drafts = proposal.tokens
+                available["lookup"] = len(suffix_drafts)
+        choice = best_proposal(self.estimates, available, self.cost, {"draft": self.drafter_cost})
+        if choice.source is None and self.plain_streak + 1 >= self.interval:
+            choice, self.probing = Choice("draft", available["draft"], 0.0), True
+        self.choices.append(choice)
+        if choice.source is None:
+            self.plain_streak += 1
+            return RoundPlan("plain")
+        self.plain_streak = 0
+        self.last = (choice.source, choice.drafts)
+        if choice.source == "lookup":
+            drafts = torch.tensor(suffix_drafts[: choice.drafts], dtype=input_ids.dtype, device=input_ids.device)
+            return RoundPlan("lookup", drafts=drafts)
+        return RoundPlan("draft", num_drafts=choice.drafts)
+
+    def drafted(self, num_drafts: int) -> None:
+        """The drafter proposed `num_drafts` drafts (fewer than planned only at the end of the length budget)."""
+        if self.last is not None and self.last[0] == "draft":
+            self.last = ("draft", num_drafts)
 
 
 # -- calibration -----------------------------------------------------------------------------------------------------
@@ -162,4 +248,4 @@ def calibrate(
     return cost
 
 
-__all__ = ["AcceptanceEstimate", "Choice", "VerificationCost", "best_proposal", "calibrate"]
+__all__ = ["AcceptanceEstimate", "Choice", "CostAwarePolicy", "VerificationCost", "best_proposal", "calibrate"]
