@@ -34,7 +34,7 @@ def test_outputs_of_earlier_calls_help_later_ones():
     cache = SuffixCache(max_match=3, min_match=2)
     first = cache.session([40, 41])
     first.extend([10, 11, 12, 13, 14])
-    assert cache.session([50, 10, 11]).propose() is None  # not finished: the cache holds nothing yet
+    assert cache.propose([50, 10, 11]) is None  # not finished: the cache holds nothing yet
     first.finish()
     assert cache.num_sequences == 1 and cache.num_tokens == 7
     assert cache.session([50, 10, 11]).propose().tokens == (12, 13, 14)
@@ -84,3 +84,13 @@ def test_threads_can_share_a_cache():
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         SuffixCache(**kwargs)
+
+
+def test_a_new_session_finishes_the_earlier_ones():
+    cache = SuffixCache(max_match=3, min_match=2)
+    first = cache.session([1, 2, 3, 4, 5])
+    assert cache.num_sequences == 0
+    second = cache.session([9, 2, 3])
+    assert cache.num_sequences == 1 and second.propose().tokens[:2] == (4, 5)
+    first.finish()  # already finished: not added twice
+    assert cache.num_sequences == 1

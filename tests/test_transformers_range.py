@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The hook's and the trainer's tests: every greedy-equivalence and sampling test, and training end to end.
 TESTS = ["tests/test_generation_greedy.py", "tests/test_generation_sampling.py", "tests/test_generation_hook.py",
          "tests/test_generation_buffered.py", "tests/test_generation_draft_vocabulary.py",
+         "tests/test_generation_round_policy.py", "tests/test_round_policy.py",
          "tests/test_carry_segment.py", "tests/test_training_trainer.py", "tests/test_training_verification.py",
          "tests/test_training_objectives.py", "tests/test_training_offline.py"]  # fmt: skip
 

@@ -25,7 +25,7 @@ from transformers.generation.utils import GenerationMixin
 from transformers.utils import logging
 
 from .compatibility import ASSISTED_LOOP_CROPS_AT_EOS, check_compatibility, check_single_sequence, check_target
-from .configuration_carryover import check_count_option
+from .configuration_carryover import PROPOSAL_DEFAULTS, check_count_option
 from .features import embed_block_tokens, gather_target_features, hidden_state_indices
 from .modeling_carryover import CarryoverDrafterModel, DrafterContextBuffer
 from .utils import device_synchronizer
@@ -35,21 +35,28 @@ logger = logging.get_logger(__name__)
 
 # Per-call options, read from the `GenerationConfig` of a `generate` call (custom attributes; `None` = not set).
 CARRYOVER_GENERATION_OPTIONS = {
-    "use_carryover": "show the previous round's rejected states to the next proposal (default: drafter.config)",
+    "use_carryover": "show the previous round's rejected states to the next proposal (default: the drafter's)",
     "draft_confidence_threshold": "end a proposal at the first row whose top drafter probability is below this "
-    "(greedy: the drafted token's probability; default: drafter.config; None or 0 = off)",
+    "(greedy: the drafted token's probability; default: the drafter's; None or 0 = off)",
     "proposal_backoff": "after a proposal whose first draft is rejected, skip proposing for 1, 2, 4, ... rounds (at "
-    "most this many in a row; plain target steps, no drafter forward) until a draft is accepted again (default: "
-    "drafter.config; None or 0 = off)",
+    "most this many in a row; plain target steps, no drafter forward) until a draft is accepted again (default: the "
+    "drafter's; None or 0 = off)",
     "lookup_drafts": "when the last 3 (else 2) tokens occurred earlier in the sequence, propose up to this many of the "
-    "tokens that followed their latest occurrence instead of running the drafter (default: drafter.config; None or "
-    "0 = off)",
+    "tokens that followed their latest occurrence instead of running the drafter (default: the drafter's; None or 0 "
+    "= off)",
     "lookup_backoff": "after a context lookup whose first draft is rejected, do not look up for 1, 2, 4, ... rounds "
     "(at most this many in a row; the drafter proposes in them as usual) until a lookup draft is accepted again "
-    "(default: drafter.config; None or 0 = off)",
+    "(default: the drafter's; None or 0 = off)",
     "carryover_timing": "record prefill/drafting/verification wall times in the statistics (synchronises the device "
     "at each boundary; default False)",
+    "round_policy": "'cost': choose each round's source (drafter, suffix match, plain step) and draft count by "
+    "expected tokens per unit of cost (`round_policy.CostAwarePolicy`; the lookup, backoff and confidence options "
+    "then do not apply); default: the rule-based policy",
+    "verification_cost": "with round_policy='cost': 'flat' (every forward costs one step, as on a GPU), a list of "
+    "relative costs of verifying 0, 1, 2, ... drafts, or None: calibrated on the target once and cached on disk",
 }
+ROUND_POLICIES = ("cost",)
+# "The drafter's" default: `drafter.generation_config` (`drafter_defaults`).
 # Options that choose another candidate generator: Transformers would ignore them next to a Carryover drafter.
 CONFLICTING_SPECULATION_OPTIONS = ("prompt_lookup_num_tokens", "assistant_early_exit", "speculation_type", "use_mtp")
 
@@ -406,8 +413,11 @@ class ProposalPolicy:
         self.last_num_drafts = 0  # drafts of the last drafter proposal (0 after a plain step or a lookup)
         self.last_from_lookup = False  # whether the round just verified proposed a context lookup
 
-    def plan(self, input_ids: torch.LongTensor, first_draft_accepted: bool) -> RoundPlan:
-        """This round's plan, given the sequence and whether the round just verified accepted its first draft."""
+    def plan(
+        self, input_ids: torch.LongTensor, first_draft_accepted: bool, accepted_drafts: int | None = None
+    ) -> RoundPlan:
+        """This round's plan, given the sequence and whether the round just verified accepted its first draft (these
+        rules need no more; `accepted_drafts`, how many it accepted, is for policies that estimate acceptance)."""
         room = self.max_length - input_ids.shape[1] - 1  # drafts that fit before the length budget's last token
         num_drafts = min(self.block_size - 1, room)
         if self.lookup_backoff is not None and self.last_from_lookup:
@@ -471,8 +481,9 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         self.observer = observer or getattr(drafter, "round_observer", None) or RoundObserver()
         self.model_kwargs_overrides = {"output_hidden_states": hidden_state_indices(self.config.target_layer_ids)}
         self.max_length = generation_config.max_length
-        confidence_threshold = getattr(drafter.config, "draft_confidence_threshold", None)
-        confidence_threshold = _option(generation_config, "draft_confidence_threshold", confidence_threshold)
+        defaults = drafter_defaults(drafter)  # its generation_config
+        threshold = defaults["draft_confidence_threshold"]
+        confidence_threshold = _option(generation_config, "draft_confidence_threshold", threshold)
         if confidence_threshold is not None and not 0.0 <= float(confidence_threshold) <= 1.0:
             raise ValueError(f"draft_confidence_threshold must lie in [0, 1] or be None, got {confidence_threshold}.")
         if confidence_threshold is not None and float(confidence_threshold) == 0.0:
@@ -481,11 +492,14 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         self.policy = ProposalPolicy(
             self.config.block_size,
             self.max_length,
-            lookup_drafts=_count_option(generation_config, drafter.config, "lookup_drafts"),
-            lookup_backoff=_count_option(generation_config, drafter.config, "lookup_backoff"),
-            proposal_backoff=_count_option(generation_config, drafter.config, "proposal_backoff"),
+            lookup_drafts=_count_option(generation_config, defaults, "lookup_drafts"),
+            lookup_backoff=_count_option(generation_config, defaults, "lookup_backoff"),
+            proposal_backoff=_count_option(generation_config, defaults, "proposal_backoff"),
             confidence_threshold=confidence_threshold,
         )
+        round_policy = _option(generation_config, "round_policy", None)
+        if round_policy is not None:
+            self.policy = cost_aware_policy(target, drafter, input_ids, generation_config, round_policy)
         do_sample = bool(generation_config.do_sample)
         lm_head = target.get_output_embeddings()
         self.vocab_size = lm_head.weight.shape[0]
@@ -494,7 +508,7 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             target.get_input_embeddings(),
             drafter.draft_head(lm_head),
             self.max_length,
-            use_carryover=_option(generation_config, "use_carryover", drafter.config.use_carryover),
+            use_carryover=_option(generation_config, "use_carryover", defaults["use_carryover"]),
             do_sample=do_sample,
             # Speculative sampling, Transformers' lossy ensemble mode and the confidence rule read the candidate
             # logits; plain greedy decoding does not.
@@ -552,7 +566,7 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         verified = gather_target_features(model_outputs.hidden_states, self.config.target_layer_ids).to(self.device)
         num_accepted = self.proposer.accepted_rows(input_ids.shape[1], verified.shape[1])
         self.proposer.observe(verified, num_accepted)
-        plan = self.policy.plan(input_ids, first_draft_accepted=num_accepted > 1)
+        plan = self.policy.plan(input_ids, first_draft_accepted=num_accepted > 1, accepted_drafts=num_accepted - 1)
         candidate_ids, candidate_logits = input_ids, None  # a plain target step unless the plan proposes
         if plan.kind == "lookup":
             candidate_ids, candidate_logits = lookup_candidates(
@@ -639,6 +653,30 @@ def check_pair(target: PreTrainedModel, drafter: CarryoverDrafterModel) -> None:
         logger.warning_once(f"The drafter records target {recorded!r}; generating with {actual!r}.")
 
 
+def cost_aware_policy(target, drafter, input_ids, generation_config, name: str):
+    """`round_policy="cost"`: a `round_policy.CostAwarePolicy` over the drafter and a suffix match (the drafter's
+    `suffix_cache` when one is set, shared across calls; else this call's sequence alone), with the verification cost
+    of `verification_cost`."""
+    from .round_policy import CostAwarePolicy, VerificationCost, calibrate
+    from .suffix_cache import SuffixCache
+
+    if name not in ROUND_POLICIES:
+        raise ValueError(f"round_policy must be one of {ROUND_POLICIES} or None, got {name!r}.")
+    block_size = drafter.config.block_size
+    max_drafts = max(block_size - 1, 16)
+    cost = getattr(generation_config, "verification_cost", None)
+    if cost is None:
+        cost = calibrate(target, max_drafts)
+    elif cost == "flat":
+        cost = VerificationCost.flat(max_drafts)
+    elif isinstance(cost, (list, tuple)) and len(cost) >= 2 and all(float(c) > 0 for c in cost):
+        cost = VerificationCost([float(c) for c in cost])
+    else:
+        raise ValueError(f"verification_cost must be None, 'flat' or a list of positive costs, got {cost!r}.")
+    cache = getattr(drafter, "suffix_cache", None) or SuffixCache(keep_outputs=False)
+    return CostAwarePolicy(block_size, generation_config.max_length, cost, cache.session(input_ids[0].tolist()))
+
+
 def declare_generation_options(model: PreTrainedModel) -> PreTrainedModel:
     """Let `model.generate(...)` take the Carryover options as plain keyword arguments.
 
@@ -653,15 +691,22 @@ def declare_generation_options(model: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
+def drafter_defaults(drafter: CarryoverDrafterModel) -> dict[str, Any]:
+    """The proposal defaults a call starts from (`PROPOSAL_DEFAULTS`): the drafter's `generation_config` (saved as
+    generation_config.json beside the model; an older checkpoint's config.json values are read into it on load)."""
+    saved = getattr(drafter, "generation_config", None)
+    return {name: getattr(saved, name, default) for name, default in PROPOSAL_DEFAULTS.items()}
+
+
 def _option(generation_config: GenerationConfig, name: str, default: Any) -> Any:
     """A per-call option (see `CARRYOVER_GENERATION_OPTIONS`) from the call's generation config, else `default`."""
     value = getattr(generation_config, name, None)
     return default if value is None else value
 
 
-def _count_option(generation_config: GenerationConfig, config: Any, name: str) -> int | None:
-    """A count option (`COUNT_OPTIONS`) of this call, else the drafter config's; checked."""
-    return check_count_option(name, _option(generation_config, name, getattr(config, name, None)))
+def _count_option(generation_config: GenerationConfig, defaults: dict[str, Any], name: str) -> int | None:
+    """A count option (`COUNT_OPTIONS`) of this call, else the drafter's default; checked."""
+    return check_count_option(name, _option(generation_config, name, defaults[name]))
 
 
 def check_empty_cache(cache: Any) -> None:

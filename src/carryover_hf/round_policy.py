@@ -96,12 +96,14 @@ def best_proposal(
     available: Mapping[str, int],
     cost: VerificationCost,
     proposal_cost: Mapping[str, float] | None = None,
+    drafts_only: bool = False,
 ) -> Choice:
-    """The source and draft count with the most expected tokens per unit of cost (a plain step scores 1.0).
+    """The source and draft count with the most expected tokens per unit of cost (a plain step scores 1.0; with
+    `drafts_only` it is no candidate, and the best proposal is returned even if it scores below 1).
 
     `available[source]` is how many drafts the source can offer this round (0 or absent: none); `proposal_cost` the
     cost of producing them, in 1-token steps (a drafter forward; a lookup is about free)."""
-    best = Choice(None, 0, 1.0)
+    best = Choice(None, 0, float("-inf") if drafts_only else 1.0)
     for source, offered in available.items():
         if offered <= 0 or source not in estimates:
             continue
@@ -119,9 +121,9 @@ class CostAwarePolicy:
     proposal) or a suffix match (`SuffixSession`: the live sequence and, with a shared `SuffixCache`, earlier calls;
     drafts with one-hot distributions under sampling, as a context lookup), else a plain step.
 
-    A pessimistic estimate would never be corrected if the source were never tried again, so after `probe_after`
-    plain rounds in a row the drafter is tried once (the interval doubles after a probe whose first draft fails, up to
-    `max_probe_after`, and resets when one succeeds). Every decision reads only verified rounds (lossless)."""
+    A pessimistic estimate would never be corrected if no source were tried again, so after `probe_after` plain rounds
+    in a row the best proposal there is is tried once (the interval doubles after a probe whose first draft fails, up
+    to `max_probe_after`, and resets when one succeeds). Every decision reads only verified rounds (lossless)."""
 
     def __init__(
         self,
@@ -176,8 +178,9 @@ class CostAwarePolicy:
                 suffix_drafts = proposal.tokens
                 available["lookup"] = len(suffix_drafts)
         choice = best_proposal(self.estimates, available, self.cost, {"draft": self.drafter_cost})
-        if choice.source is None and self.plain_streak + 1 >= self.interval:
-            choice, self.probing = Choice("draft", available["draft"], 0.0), True
+        if choice.source is None and self.plain_streak + 1 >= self.interval:  # a probe: the best proposal there is
+            costs = {"draft": self.drafter_cost}
+            choice, self.probing = best_proposal(self.estimates, available, self.cost, costs, drafts_only=True), True
         self.choices.append(choice)
         if choice.source is None:
             self.plain_streak += 1

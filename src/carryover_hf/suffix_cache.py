@@ -145,6 +145,7 @@ class SuffixCache:
         self._next_key = 0
         self._tokens = 0
         self._lock = threading.RLock()
+        self._open: list[SuffixSession] = []  # sessions whose sequences join the cache when the next one starts
 
     # -- the cache across calls -------------------------------------------------------------------------------------
     @property
@@ -180,8 +181,16 @@ class SuffixCache:
             self._tokens = 0
 
     def session(self, prompt: Iterable[int]) -> "SuffixSession":
-        """The live sequence of one `generate` call, starting with its prompt."""
-        return SuffixSession(self, prompt)
+        """The live sequence of one `generate` call, starting with its prompt. Sessions not finished yet are finished
+        first (a `generate` call has no end hook: its sequence joins the cache when the next call starts)."""
+        with self._lock:
+            earlier, self._open = self._open, []
+        for session in earlier:
+            session.finish()
+        session = SuffixSession(self, prompt)
+        with self._lock:
+            self._open.append(session)
+        return session
 
     # -- proposals ----------------------------------------------------------------------------------------------------
     def _propose(self, live: _Index | None, sequence: Sequence[int], max_drafts: int) -> SuffixProposal | None:
@@ -214,6 +223,7 @@ class SuffixSession:
         self.cache = cache
         self._live = _Index(cache.max_match)
         self._live.extend(0, list(prompt))
+        self.finished = False
 
     @property
     def tokens(self) -> list[int]:
@@ -228,9 +238,10 @@ class SuffixSession:
         return self.cache._propose(self._live, self.tokens, limit)
 
     def finish(self) -> None:
-        """Adds the whole sequence to the cache when it keeps outputs (later calls can then draft from it)."""
-        if self.cache.keep_outputs:
+        """Adds the whole sequence to the cache when it keeps outputs (later calls can then draft from it); once."""
+        if self.cache.keep_outputs and not self.finished:
             self.cache.add(self.tokens)
+        self.finished = True
 
 
 __all__ = ["SuffixCache", "SuffixProposal", "SuffixSession"]
