@@ -73,7 +73,7 @@ def main() -> None:
             for step in tqdm(range(args.warmup + args.repeats), desc=f"L={length}"):
                 for name in VARIANTS if step % 2 == 0 else reversed(VARIANTS):
                     modeling_carryover.HEAD_CHUNK_ELEMENTS = VARIANTS[name]
-                    step_ms, proposal_ms = round_.time(with_carry=drafter.config.use_carryover)
+                    step_ms, proposal_ms = round_.time(with_carry=drafter.generation_config.use_carryover)
                     if step >= args.warmup:
                         times[name].append(proposal_ms)
                         steps.append(step_ms)
@@ -96,7 +96,7 @@ def main() -> None:
 
     result = {
         "drafter": args.drafter,
-        "carry_rows": drafter.config.block_size - 1 if drafter.config.use_carryover else 0,
+        "carry_rows": drafter.config.block_size - 1 if drafter.generation_config.use_carryover else 0,
         "threads": args.threads,
         "cpu_kernels": kernels,
         "machine": machine(target.device),

@@ -206,9 +206,9 @@ def test_prompts_are_measured_round_robin_over_categories():
     assert runner_module._interleaved_by_category(prompts) == [0, 3, 5, 1, 4, 2]
 
 
-def test_a_drafters_fingerprint_ignores_its_proposal_defaults_only():
-    """A journal fingerprints every drafter, so a re-published drafter (other proposal defaults; every method sets its
-    own) still resumes its journal, while other weights or another config field do not."""
+def test_a_drafters_fingerprint_is_its_config_and_weights():
+    """A journal fingerprints every drafter: other weights or another config field change it; its proposal defaults
+    are not in its config (they are its generation_config: every method sets its own), so they cannot."""
     from pathlib import Path
 
     from transformers import AutoModel
@@ -220,7 +220,7 @@ def test_a_drafters_fingerprint_ignores_its_proposal_defaults_only():
     drafter = AutoModel.from_pretrained(root / "drafters/carryover-hf/smollm2-135m-carryover-dflash", dtype=torch.float32)
     recorded = model_fingerprint(drafter)
     for option, value in zip(PROPOSAL_OPTIONS, (0.5, 8, 10, 4)):
-        setattr(drafter.config, option, value)
+        setattr(drafter.generation_config, option, value)
     assert model_fingerprint(drafter) == recorded
     drafter.config.markov_rank = 128
     assert model_fingerprint(drafter) != recorded

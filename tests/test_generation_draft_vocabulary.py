@@ -48,7 +48,7 @@ def test_greedy_output_is_identical_with_a_reduced_vocabulary(kind, restricted):
         kwargs = dict(max_new_tokens=24, do_sample=False, attention_mask=torch.ones_like(prompt))
         reference = target.generate(prompt, **kwargs)
         for use_carryover in (True, False):
-            drafter.config.use_carryover = use_carryover
+            drafter.generation_config.use_carryover = use_carryover
             output = target.generate(prompt, assistant_model=drafter, **kwargs)
             assert torch.equal(output, reference), f"prompt {i}, carry={use_carryover}"
             accepted.update(drafter.last_generation_stats.acceptance_lengths)

@@ -70,7 +70,7 @@ def test_greedy_output_is_identical(targets, arch):
                 continue  # refused on Transformers 5.17 (test_prompt_ending_with_eos_on_5_17)
         stops["max_new_tokens"] += int(reference.shape[1] - prompt.shape[1] == max_new_tokens)
         for use_carryover in (True, False):
-            drafter.config.use_carryover = use_carryover
+            drafter.generation_config.use_carryover = use_carryover
             output = target.generate(prompt, assistant_model=drafter, **kwargs)
             assert torch.equal(output, reference), f"prompt {i} ({kind}, B={block}, carry={use_carryover}) differs"
             stats = drafter.last_generation_stats
@@ -89,7 +89,7 @@ def test_carry_changes_proposals_but_not_outputs():
     prompt = _prompt(3)
     carry_rows, proposals = {}, {}
     for use_carryover in (True, False):
-        drafter.config.use_carryover = use_carryover
+        drafter.generation_config.use_carryover = use_carryover
         seen = []
         handle = drafter.register_forward_hook(lambda m, a, out: seen.append(out.last_hidden_state.clone()))
         target.generate(prompt, assistant_model=drafter, max_new_tokens=30, do_sample=False)

@@ -121,7 +121,7 @@ def target():
 )
 def test_sampling_keeps_target_distribution(target, name, drafter_type, use_carryover):
     drafter = tiny_drafter(target, block_size=4, drafter_type=drafter_type, seed=12)
-    drafter.config.use_carryover = use_carryover
+    drafter.generation_config.use_carryover = use_carryover
     samples, acceptance = sample_with_drafter(target, drafter, SETTINGS[name])
     assert acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
     assert_matches(samples, exact_distribution(target, SETTINGS[name]))
@@ -132,7 +132,7 @@ def test_sampling_keeps_target_distribution_with_adaptive_proposal_length(target
     drafter = tiny_drafter(target, block_size=4, seed=12)
     # The config default (per-call options would override it). This random drafter's top probabilities lie between
     # 0.13 and 0.14 (vocabulary 8), so 0.135 cuts some proposals and keeps others.
-    drafter.config.draft_confidence_threshold = 0.135
+    drafter.generation_config.draft_confidence_threshold = 0.135
     drafts = Counter()
     samples, acceptance = sample_with_drafter(target, drafter, SETTINGS["temperature"], drafts=drafts)
     assert acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
@@ -144,7 +144,7 @@ def test_sampling_keeps_target_distribution_with_proposal_backoff(target):
     """Rounds skipped by the backoff (plain sampled target steps, chosen from verified tokens only) keep the target's
     distribution exactly."""
     drafter = tiny_drafter(target, block_size=4, seed=12)
-    drafter.config.proposal_backoff = 2
+    drafter.generation_config.proposal_backoff = 2
     drafts = Counter()
     samples, acceptance = sample_with_drafter(target, drafter, SETTINGS["temperature"], drafts=drafts)
     assert acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
@@ -155,7 +155,7 @@ def test_sampling_keeps_target_distribution_with_proposal_backoff(target):
 def test_sampling_keeps_target_distribution_with_lookup_drafts(target):
     """Rounds whose drafts are copied from the context (one-hot draft distributions) keep the target's distribution."""
     drafter = tiny_drafter(target, block_size=4, seed=12)
-    drafter.config.lookup_drafts = 3
+    drafter.generation_config.lookup_drafts = 3
     drafts = Counter()
     samples, acceptance = sample_with_drafter(target, drafter, SETTINGS["temperature"], drafts=drafts)
     assert drafts["lookup"] > 0 and acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0
@@ -167,8 +167,8 @@ def test_sampling_keeps_target_distribution_with_lookup_backoff(target, monkeypa
     A periodic prompt makes the lookup fire (and fail) in the first rounds already."""
     monkeypatch.setattr(sys.modules[__name__], "PROMPT", torch.tensor([[1, 5, 2, 1, 5, 2]]))
     drafter = tiny_drafter(target, block_size=4, seed=12)
-    drafter.config.lookup_drafts = 3
-    drafter.config.lookup_backoff = 4
+    drafter.generation_config.lookup_drafts = 3
+    drafter.generation_config.lookup_backoff = 4
     drafts = Counter()
     samples, acceptance = sample_with_drafter(target, drafter, SETTINGS["temperature"], drafts=drafts)
     assert drafts["lookup"] > 0 and drafts["lookup_skipped"] > 0, drafts
@@ -228,7 +228,7 @@ def test_chi_square_detects_a_cut_at_the_sampled_token(target):
             generator.policy.confidence = CutAtSampledToken(generator.policy.confidence.threshold)
 
     drafter = tiny_drafter(target, block_size=4, seed=12)
-    drafter.config.draft_confidence_threshold = 0.125
+    drafter.generation_config.draft_confidence_threshold = 0.125
     with observing_rounds(drafter, SwapRule()):
         samples, _ = sample_with_drafter(target, drafter, SETTINGS["temperature"])
     with pytest.raises(AssertionError, match="deviate"):

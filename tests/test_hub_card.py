@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
+from carryover_hf.configuration_carryover import CarryoverDrafterConfig
 from carryover_hf.hub import render_model_card
 from carryover_hf.hub.card import format_evaluation
 from carryover_hf.hub.local_cache import add_to_hub_cache
@@ -91,12 +92,16 @@ def test_card_without_evaluation_says_so_and_rejects_unknown_columns(drafter):
 
 def test_card_names_the_proposal_defaults_the_drafter_is_published_with(drafter):
     assert "Proposal defaults" not in render_model_card(drafter.config).text  # none set: no row
-    config = copy.deepcopy(drafter.config)
-    config.lookup_drafts, config.proposal_backoff = 10, 8
-    text = render_model_card(config).text
+    defaults = copy.deepcopy(drafter.generation_config)
+    defaults.lookup_drafts, defaults.proposal_backoff = 10, 8
+    text = render_model_card(drafter.config, generation_config=defaults).text
     assert ("| Proposal defaults | context lookup of 10 tokens in front of the drafter; proposal backoff 8 (a "
             "`generate` call that passes its own options overrides them) |") in text
-    assert "Proposal defaults" not in render_model_card(config, export_format="speculators").text
+    assert "Proposal defaults" not in render_model_card(drafter.config, generation_config=defaults,
+                                                        export_format="speculators").text
+    # An old config.json that still holds them: the card reads them from there.
+    old = CarryoverDrafterConfig.from_dict({**drafter.config.to_dict(), "lookup_drafts": 10, "proposal_backoff": 8})
+    assert "context lookup of 10 tokens in front of the drafter; proposal backoff 8" in render_model_card(old).text
 
 
 def test_markov_and_speculators_export_cards(tmp_path):
@@ -175,7 +180,7 @@ def test_card_rows_from_a_bench_report_and_push_cli(drafter, tmp_path):
     out = tmp_path / "b"
     assert push_main([str(tmp_path / "saved"), "org/x", "--evaluation", str(report_path), "--evaluation-method",
                       "tiny/carry_on", "--dtype", "bfloat16", "--carry", "off", "--dry-run", str(out)]) == 0  # fmt: skip
-    assert json.loads((out / "config.json").read_text())["use_carryover"] is False
+    assert json.loads((out / "generation_config.json").read_text())["use_carryover"] is False
     card = (out / "README.md").read_text()
     assert f"{rows[-1]['acceptance_length']:.2f} [{rows[-1]['acceptance_length_ci'][0]:.2f}" in card
     from safetensors import safe_open

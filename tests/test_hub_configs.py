@@ -38,7 +38,7 @@ def test_shipped_config_matches_the_published_layout(name):
     hub = load_hub_config(name)
     target, kind = name.rsplit("-", 1)
     assert hub.repo_id == f"org/{target}-carryover-{kind}"
-    assert hub.config.drafter_type == kind and hub.config.use_carryover
+    assert hub.config.drafter_type == kind and not hub.config.legacy_proposal_defaults  # not in config.json
     for key, value in EXPECTED[target].items():
         assert getattr(hub.config, key) == value, key
     assert hub.config.rope_parameters["rope_theta"] == 1_000_000.0
@@ -82,7 +82,8 @@ def test_init_command_builds_a_drafter_for_its_target(tmp_path, capsys):
     config_file = tiny_hub_config(tmp_path, target)
     assert init_main([str(config_file), str(tmp_path / "drafter"), "--target", str(tmp_path / "target")]) == 0
     assert "org/tiny-carryover-markov" in capsys.readouterr().out
-    assert {p.name for p in (tmp_path / "drafter").iterdir()} == {"config.json", "model.safetensors", "README.md"}
+    files = {p.name for p in (tmp_path / "drafter").iterdir()}
+    assert files == {"config.json", "generation_config.json", "model.safetensors", "README.md"}
 
     drafter = CarryoverDrafterModel.from_pretrained(tmp_path / "drafter").eval()
     assert torch.equal(drafter.carry_embedding, torch.zeros(64))  # E_carry starts at zero

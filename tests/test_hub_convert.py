@@ -124,7 +124,7 @@ def test_muse_import_proposes_exactly_what_transformers_dflash_proposes(target_d
     assert len(report.mapped) == len(model.state_dict()) and not report.skipped
 
     drafter = CarryoverDrafterModel.from_pretrained(tmp_path / "converted").eval()
-    assert drafter.config.use_carryover is False
+    assert drafter.generation_config.use_carryover is False
     assert drafter.config.rope_parameters["rope_theta"] == 500000.0 and drafter.config.rms_norm_eps == 1e-5
     assert torch.equal(drafter.carry_embedding, torch.zeros(HIDDEN))
 
@@ -351,7 +351,7 @@ def test_speculators_export_round_trip(target, tmp_path, drafter_type):
         expected = torch.zeros_like(tensor) if name == "carry_embedding" else drafter.state_dict()[name]
         assert torch.equal(tensor, expected), name
     if drafter_type == "dflash":  # same backbone, carry off: the same proposals
-        drafter.config.use_carryover = False
+        drafter.generation_config.use_carryover = False
         ids = torch.tensor([[1, 2, 3, 4, 5]])
         expected = target.generate(ids, assistant_model=drafter, max_new_tokens=16, do_sample=False)
         lengths = drafter.last_generation_stats.acceptance_lengths

@@ -46,7 +46,8 @@ def drafter_outputs(drafter: CarryoverDrafterModel, target) -> tuple[torch.Tenso
 
 def test_save_load_round_trip_gives_identical_outputs(target, drafter, tmp_path):
     drafter.save_pretrained(tmp_path / "drafter")
-    assert {p.name for p in (tmp_path / "drafter").iterdir()} == {"config.json", "model.safetensors"}
+    assert {p.name for p in (tmp_path / "drafter").iterdir()} == {"config.json", "generation_config.json",
+                                                                  "model.safetensors"}
     loaded = CarryoverDrafterModel.from_pretrained(tmp_path / "drafter").eval()
     expected_hidden, expected_output, expected_lengths = drafter_outputs(drafter, target)
     hidden, output, lengths = drafter_outputs(loaded, target)

@@ -8,6 +8,7 @@ from unittest import mock
 
 import pytest
 from huggingface_hub import HfApi, ModelCard
+from transformers import AutoModel
 
 from carryover_hf.hub import CheckpointError, push_to_hub
 from carryover_hf.hub import push as push_module
@@ -40,7 +41,7 @@ def mocked_api() -> tuple[mock.MagicMock, dict]:
 def test_push_uploads_the_dry_run_folder_exactly(drafter, tmp_path):
     evaluation = [{"category": "qa", "acceptance_length": 2.25, "acceptance_length_ci": [2.1, 2.4]}]
     dry = push_to_hub(drafter, "org/tiny-carryover-dflash", evaluation=evaluation, dry_run=tmp_path / "dry")
-    assert set(snapshot(dry)) == {"README.md", "config.json", "model.safetensors"}
+    assert set(snapshot(dry)) == {"README.md", "config.json", "generation_config.json", "model.safetensors"}
 
     api, uploaded = mocked_api()
     url = push_to_hub(drafter, "org/tiny-carryover-dflash", evaluation=evaluation, private=True, api=api)
@@ -54,13 +55,13 @@ def test_push_uploads_the_dry_run_folder_exactly(drafter, tmp_path):
     assert card.data.base_model == "org/tiny-target" and "2.25 [2.10, 2.40]" in card.text
 
 
-def test_push_from_a_saved_folder_copies_only_config_and_safetensors(drafter, tmp_path):
+def test_push_from_a_saved_folder_copies_only_configs_and_safetensors(drafter, tmp_path):
     drafter.save_pretrained(tmp_path / "saved")
     (tmp_path / "saved" / "notes.txt").write_text("local scratch")
     (tmp_path / "saved" / "training_args.bin").write_bytes(b"pickle")
     api, uploaded = mocked_api()
     push_to_hub(tmp_path / "saved", "org/tiny-carryover-dflash", api=api)
-    assert set(uploaded) == {"README.md", "config.json", "model.safetensors"}
+    assert set(uploaded) == {"README.md", "config.json", "generation_config.json", "model.safetensors"}
     assert uploaded["model.safetensors"] == (tmp_path / "saved" / "model.safetensors").read_bytes()
 
 
@@ -97,9 +98,14 @@ def test_push_command_sets_the_proposal_defaults_and_refuses_a_bad_one_before_wr
     base = [str(tmp_path / "saved"), "org/tiny-carryover-dflash"]
     options = ["--lookup-drafts", "10", "--proposal-backoff", "8", "--draft-confidence-threshold", "0.6"]
     assert push_module.main(base + options + ["--dry-run", str(tmp_path / "dry")]) == 0
-    config = json.loads((tmp_path / "dry" / "config.json").read_text())
+    config = json.loads((tmp_path / "dry" / "generation_config.json").read_text())
     assert (config["lookup_drafts"], config["proposal_backoff"], config["draft_confidence_threshold"]) == (10, 8, 0.6)
-    assert config["lookup_backoff"] is None  # not given: as saved
+    assert config["lookup_backoff"] is None and config["use_carryover"] is True  # not given: as saved
+    assert not {"lookup_drafts", "use_carryover"} & set(json.loads((tmp_path / "dry" / "config.json").read_text()))
+    assert "context lookup of 10 tokens" in (tmp_path / "dry" / "README.md").read_text()
+    assert push_module.main(base + ["--carry", "off", "--dry-run", str(tmp_path / "off")]) == 0
+    loaded = AutoModel.from_pretrained(tmp_path / "off")
+    assert loaded.generation_config.use_carryover is False and loaded.generation_config.lookup_drafts is None
     weights = (tmp_path / "dry" / "model.safetensors", tmp_path / "saved" / "model.safetensors")
     assert weights[0].read_bytes() == weights[1].read_bytes()
 

@@ -119,7 +119,7 @@ def test_rehearsal_runs_every_stage_end_to_end(tmp_path):
     # convert: the converted drafter loads with AutoModel and holds z-lab's tensors unchanged (bf16 as published).
     converted = AutoModel.from_pretrained(runs / "converted")
     assert isinstance(converted, carryover_hf.CarryoverDrafterModel)
-    assert converted.config.imported_from["format"] == "zlab" and converted.config.use_carryover is False
+    assert converted.config.imported_from["format"] == "zlab" and converted.generation_config.use_carryover is False
     assert converted.dtype == torch.bfloat16
     start = converted.state_dict()
     assert set(start) == set(zlab) | {"carry_embedding"}
@@ -163,13 +163,15 @@ def test_rehearsal_runs_every_stage_end_to_end(tmp_path):
 
     # push (dry run): the upload folder with the bench table in its card, carry on, bf16 weights.
     upload = runs / "upload" / "carryover"
-    assert sorted(p.name for p in upload.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    files = ["README.md", "config.json", "generation_config.json", "model.safetensors"]
+    assert sorted(p.name for p in upload.iterdir()) == files
     card = (upload / "README.md").read_text()
     table = card[card.index("## Evaluation"):]
     assert "| all | " in table and "| qa | " in table and "| translation | " in table
     assert "carryover-hf-rehearsal/tiny-qwen3" in card
     pushed = json.loads((upload / "config.json").read_text())
-    assert pushed["use_carryover"] is True and pushed["trained_with_carryover"] is True
+    assert json.loads((upload / "generation_config.json").read_text())["use_carryover"] is True
+    assert pushed["trained_with_carryover"] is True
     assert {str(t.dtype) for t in load_file(upload / "model.safetensors").values()} == {"torch.bfloat16"}
 
     # Every finished stage is skipped on a rerun (no model work).

@@ -40,6 +40,6 @@ def test_greedy_identical_on_smollm2(smollm2, drafter_type):
         kwargs = dict(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"], max_new_tokens=24, do_sample=False)
         reference = target.generate(**kwargs)
         for use_carryover in (True, False):
-            drafter.config.use_carryover = use_carryover
+            drafter.generation_config.use_carryover = use_carryover
             assert torch.equal(target.generate(**kwargs, assistant_model=drafter), reference), prompt.id
             assert drafter.last_generation_stats.num_rounds > 0

@@ -13,6 +13,7 @@ from huggingface_hub import ModelCard
 from transformers import AutoModel
 
 from carryover_hf import CarryoverDrafterModel
+from carryover_hf.configuration_carryover import PROPOSAL_DEFAULTS as OPTIONS
 from carryover_hf.demo import DEFAULT_DRAFTER, SHIPPED_DRAFTERS, resolve_drafter
 from carryover_hf.targets import TARGET_ALIASES
 
@@ -71,3 +72,6 @@ def test_shipped_drafter_loads_by_repo_id_offline(repo_id, tmp_path, monkeypatch
     assert drafter.config.trained_with_carryover is with_carryover
     # Trained, not freshly initialised: E_carry moved away from zero exactly when the carryover objective ran.
     assert bool(drafter.carry_embedding.abs().sum() > 0) is with_carryover
+    # Saved before generation_config.json: the proposal defaults its config.json holds load as its generation config.
+    assert {k: getattr(drafter.generation_config, k) for k in OPTIONS} == {k: config[k] for k in OPTIONS}
+    assert not any(hasattr(drafter.config, k) for k in OPTIONS)

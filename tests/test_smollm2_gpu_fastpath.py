@@ -157,12 +157,14 @@ def test_rehearsal_runs_every_stage_end_to_end(tmp_path, kind):
     # export: three Hub-layout folders with bf16 weights; each loads with AutoModel and equals its run in bf16.
     for name in RUNS:
         folder = out / "drafters" / f"smollm2-135m-{name}-{kind}"
-        assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+        files = ["README.md", "config.json", "generation_config.json", "model.safetensors"]
+        assert sorted(p.name for p in folder.iterdir()) == files
         exported = json.loads((folder / "config.json").read_text())
         assert exported["model_type"] == "carryover_drafter" and exported["drafter_type"] == kind
         assert exported["draft_vocab_size"] == 64 and exported.get("dtype", exported.get("torch_dtype")) == "bfloat16"
-        assert exported["use_carryover"] is (name == "carryover")
-        assert (exported["lookup_drafts"], exported["proposal_backoff"]) == (10, 8)  # the CPU-measured defaults
+        defaults = json.loads((folder / "generation_config.json").read_text())  # the proposal defaults
+        assert defaults["use_carryover"] is (name == "carryover")
+        assert (defaults["lookup_drafts"], defaults["proposal_backoff"]) == (10, 8)  # the CPU-measured defaults
         tensors = load_file(folder / "model.safetensors")
         assert {str(t.dtype) for t in tensors.values() if t.is_floating_point()} == {"torch.bfloat16"}
         loaded = AutoModel.from_pretrained(folder)

@@ -90,7 +90,8 @@ def test_wheel_ships_its_data_and_every_command_finds_it_from_any_folder(install
     init = _run([carryover, "init", str(config_file), "drafter", "--target", "org/tiny-target"], cwd, env)
     assert init.returncode == 0, init.stderr[-3000:]
     assert "org/tiny-carryover-dflash" in init.stdout
-    assert {p.name for p in (cwd / "drafter").iterdir()} == {"config.json", "model.safetensors", "README.md"}
+    files = {p.name for p in (cwd / "drafter").iterdir()}
+    assert files == {"config.json", "generation_config.json", "model.safetensors", "README.md"}
     assert "# tiny-carryover-dflash" in (cwd / "drafter" / "README.md").read_text()  # the shipped card template
 
     demo = _run([carryover, "demo", "--target", "org/tiny-target", "--drafter", "drafter", "--categories", "qa",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
-from transformers import PreTrainedConfig
+from transformers import GenerationConfig, PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
 
@@ -28,9 +28,11 @@ def default_target_layer_ids(num_target_layers: int, num_layer_ids: int) -> list
 
 
 COUNT_OPTIONS = {"proposal_backoff": "rounds", "lookup_drafts": "tokens", "lookup_backoff": "rounds"}
-# The proposal settings a generate call may pass; the config holds only their defaults (a published drafter carries
-# its measured best ones), so they are not part of what the drafter is (utils.model_fingerprint counts them as unset).
+# The proposal settings a generate call may pass (with `use_carryover`). Their defaults (a published drafter carries
+# its measured best ones) are the drafter's `generation_config`, saved as generation_config.json beside the model:
+# they are not part of what the drafter is, and the config holds architecture and training facts only.
 PROPOSAL_OPTIONS = ("draft_confidence_threshold", *COUNT_OPTIONS)
+PROPOSAL_DEFAULTS = {"use_carryover": True, **dict.fromkeys(PROPOSAL_OPTIONS)}
 
 
 def check_count_option(name: str, value) -> int | None:
@@ -40,12 +42,33 @@ def check_count_option(name: str, value) -> int | None:
     return value or None
 
 
+def proposal_generation_config(config: "CarryoverDrafterConfig | None" = None, **overrides: Any) -> GenerationConfig:
+    """A drafter's `generation_config`: the proposal defaults (`PROPOSAL_DEFAULTS`), those an older config.json held
+    (`config.legacy_proposal_defaults`), then `overrides`."""
+    legacy = getattr(config, "legacy_proposal_defaults", None) or {}
+    return GenerationConfig(**{**PROPOSAL_DEFAULTS, **legacy, **overrides})
+
+
+def check_proposal_defaults(values: dict[str, Any]) -> None:
+    """Proposal defaults (`PROPOSAL_DEFAULTS`: a drafter's generation config, or an old config.json) are valid."""
+    threshold = values.get("draft_confidence_threshold")
+    if threshold is not None and not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"draft_confidence_threshold must lie in [0, 1] or be None (off), got {threshold}.")
+    for name in COUNT_OPTIONS:
+        check_count_option(name, values.get(name))
+
+
 @strict
 class CarryoverDrafterConfig(PreTrainedConfig):
     r"""
     Configuration of a [`CarryoverDrafterModel`]: a DFlash-style block-diffusion drafter that reads the target's
     hidden states as context and, with `use_carryover`, the target's states at the previous round's rejected draft
     positions.
+
+    Architecture and training facts only: the proposal defaults a `generate` call starts from (`use_carryover`,
+    `draft_confidence_threshold`, `proposal_backoff`, `lookup_drafts`, `lookup_backoff`; docs/generate.md) are the
+    model's `generation_config` (generation_config.json). A config.json saved before holds them: they are read into
+    `legacy_proposal_defaults` (and from there into the model's generation config), not kept as fields.
 
     The defaults describe a 5-layer drafter for Qwen3-4B (the public DFlash layout). Use
     [`CarryoverDrafterConfig.from_target_config`] to build a config matched to any causal LM.
@@ -62,29 +85,7 @@ class CarryoverDrafterConfig(PreTrainedConfig):
         markov_rank (`int`): rank r of the Markov head.
         markov_input_vocab_size (`int`, *optional*): the Markov head's `W1` has a row for each of this many target
             ids (saved with the weights) plus one shared row for all others; `None` (default): one row per token.
-        use_carryover (`bool`): expose the previous round's rejected target states to the next proposal.
-            `False` gives plain DFlash behaviour with the same weights.
         trained_with_carryover (`bool`): whether the weights were trained with the draft-verify-draft objective.
-        draft_confidence_threshold (`float`, *optional*): adaptive proposal length: a proposal ends at the first
-            row whose most likely token has drafter probability below this value (under the distribution the row's
-            draft is drawn from; in greedy decoding that token is the draft); zero drafts make a plain target step.
-            Lossless either way (verification is unchanged). `None` (default) always proposes `block_size - 1`
-            drafts. Overridable per `generate` call (see docs/generate.md).
-        proposal_backoff (`int`, *optional*): after a proposal whose first draft the target rejects, the next 1, 2,
-            4, ... rounds (at most this many in a row) are plain target steps with no drafter forward, until a draft
-            is accepted again; a weak or unsure drafter then costs close to a plain step instead of a doomed
-            verification. Lossless (which rounds propose depends only on verified tokens). `None` (default) proposes
-            every round. Overridable per `generate` call.
-        lookup_drafts (`int`, *optional*): context lookup: when the last 3 (else 2) tokens occurred earlier in the
-            sequence, the round proposes the (up to) this many tokens that followed their latest occurrence, with
-            no drafter forward; otherwise the drafter proposes. Lossless (greedy: identical tokens; sampling: the
-            drafts are returned as one-hot distributions). `None` (default): off. Overridable per `generate` call.
-        lookup_backoff (`int`, *optional*): after a context lookup whose first draft the target rejects, the lookup
-            is not tried for the next 1, 2, 4, ... rounds (at most this many in a row; the drafter proposes in them
-            as usual), until a lookup draft is accepted again: under sampling a lookup's drafts are accepted with the
-            target's probability of each, and a long failed lookup costs a long verification. Lossless (which
-            rounds look up depends only on verified tokens). `None` (default): every round looks up. Overridable per
-            `generate` call.
         vocab_size (`int`): vocabulary size of the target (the drafter shares its embedding and LM head).
         draft_vocab_size (`int`, *optional*): size of a reduced draft vocabulary (EAGLE-3 / speculators style): the
             LM head runs over these target token ids only (`drafter.draft_token_ids`, set with
@@ -110,12 +111,7 @@ class CarryoverDrafterConfig(PreTrainedConfig):
     drafter_type: str = "dflash"
     markov_rank: int = 256
     markov_input_vocab_size: int | None = None
-    use_carryover: bool = True
     trained_with_carryover: bool = False
-    draft_confidence_threshold: float | int | None = None
-    proposal_backoff: int | None = None
-    lookup_drafts: int | None = None
-    lookup_backoff: int | None = None
 
     # Qwen3-style layer hyperparameters
     hidden_size: int = 2560
@@ -137,6 +133,9 @@ class CarryoverDrafterConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = None
 
     def __post_init__(self, **kwargs):
+        # Checkpoints saved before the proposal defaults moved to generation_config.json kept them here: they are
+        # taken out (the model puts them into its generation config) and not written back.
+        self.legacy_proposal_defaults = {k: kwargs.pop(k) for k in PROPOSAL_DEFAULTS if k in kwargs}
         if self.target_layer_ids is None:
             self.target_layer_ids = default_target_layer_ids(self.target_num_hidden_layers, self.num_hidden_layers)
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
@@ -175,12 +174,12 @@ class CarryoverDrafterConfig(PreTrainedConfig):
                 f"markov_input_vocab_size must be in [1, vocab_size={self.vocab_size}] or None (a row per token), got "
                 f"{self.markov_input_vocab_size}."
             )
-        if self.draft_confidence_threshold is not None and not 0.0 <= self.draft_confidence_threshold <= 1.0:
-            raise ValueError(
-                f"draft_confidence_threshold must lie in [0, 1] or be None (off), got {self.draft_confidence_threshold}."
-            )
-        for name in COUNT_OPTIONS:
-            check_count_option(name, getattr(self, name))
+        check_proposal_defaults(self.legacy_proposal_defaults)
+
+    def to_dict(self) -> dict[str, Any]:
+        output = super().to_dict()
+        output.pop("legacy_proposal_defaults", None)
+        return output
 
     @property
     def num_target_features(self) -> int:

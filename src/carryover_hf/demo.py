@@ -53,11 +53,11 @@ class DemoArguments:
         default=None,
         metadata={"help": "context lookup: rounds whose last 3 or 2 tokens occurred before propose this many tokens "
                   "copied from there instead of running the drafter (0 = off; default: the drafter's own, "
-                  "config.lookup_drafts; docs/generate.md)"},
+                  "generation_config.lookup_drafts; docs/generate.md)"},
     )
     proposal_backoff: int | None = field(
         default=None, metadata={"help": "after a rejected first draft, skip proposing for 1, 2, 4, ... rounds (0 = "
-                                "off; default: the drafter's own, config.proposal_backoff)"},
+                                "off; default: the drafter's own, generation_config.proposal_backoff)"},
     )
     cpu_kernels: str = field(
         default="auto",
@@ -158,8 +158,9 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
     target.eval()
     drafter.eval()
     # Not given: the drafter's own defaults, as a plain generate call would use them (a method passes every option).
-    lookup_drafts = drafter.config.lookup_drafts if args.lookup_drafts is None else args.lookup_drafts
-    proposal_backoff = drafter.config.proposal_backoff if args.proposal_backoff is None else args.proposal_backoff
+    defaults = drafter.generation_config
+    lookup_drafts = defaults.lookup_drafts if args.lookup_drafts is None else args.lookup_drafts
+    proposal_backoff = defaults.proposal_backoff if args.proposal_backoff is None else args.proposal_backoff
     settings = BenchmarkSettings(max_new_tokens=args.max_new_tokens, warmup=0, overhead=False)
     alone = Method("target", "target")
     assisted = Method("drafter", "carry_on", assistant=drafter, use_carryover=True,

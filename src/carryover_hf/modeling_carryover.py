@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -33,7 +33,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 from transformers.utils import ModelOutput
 
-from .configuration_carryover import CarryoverDrafterConfig
+from .configuration_carryover import CarryoverDrafterConfig, proposal_generation_config
 from .masks import additive_mask
 
 
@@ -370,6 +370,10 @@ class CarryoverDrafterPreTrainedModel(PreTrainedModel):
             init.zeros_(module.weight)
 
 
+# `from_pretrained` keywords that say where a checkpoint's files are (its generation_config.json is read with them).
+HUB_KWARGS = ("revision", "cache_dir", "token", "local_files_only", "force_download", "subfolder")
+
+
 class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
     """Block-diffusion drafter with context fusion, a carry segment and an optional Markov head."""
 
@@ -390,7 +394,28 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
         self.gradient_checkpointing = False
         # Filled by `target.generate(..., assistant_model=drafter)`; see `carryover_hf.generation`.
         self.last_generation_stats = None
+        # The proposal defaults a generate call starts from (saved as generation_config.json; see `from_pretrained`).
+        self.generation_config = proposal_generation_config(config)
         self.post_init()
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Saves as Transformers does, plus the proposal defaults as generation_config.json (Transformers writes it
+        only for models that generate themselves)."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        self.generation_config.save_pretrained(save_directory)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """Loads as Transformers does, then the proposal defaults from generation_config.json; a checkpoint saved
+        before it existed keeps the defaults its config.json held (read into `generation_config` at init)."""
+        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        hub = {k: kwargs[k] for k in HUB_KWARGS if k in kwargs}
+        try:
+            saved = GenerationConfig.from_pretrained(pretrained_model_name_or_path, **hub)
+        except OSError:  # saved before generation_config.json: config.json held the defaults (read at init)
+            return model
+        model.generation_config = saved
+        return model
 
     def can_generate(self) -> bool:  # a drafter proposes through its target, it has no `generate` of its own
         return False

@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import torch
 
-from .configuration_carryover import PROPOSAL_OPTIONS
 
 
 def device_synchronizer(device: torch.device | str) -> Callable[[], None]:
@@ -35,29 +34,16 @@ def json_fingerprint(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def without_later_defaults(described: dict, later_defaults: dict) -> dict:
-    """`described` without the fields added after fingerprints of it were first recorded, where they hold their
-    default: a fingerprint recorded before a field existed then still matches the same thing."""
-    return {k: v for k, v in described.items() if not (k in later_defaults and v == later_defaults[k])}
-
-
-# Config fields added after fingerprints were first recorded (bench journals, feature stores), with their defaults.
-LATER_CONFIG_DEFAULTS = {"lookup_backoff": None}
-
-
 def model_fingerprint(model) -> str:
     """A checksum of a model (a target or a drafter): its config and a strided sample of every weight.
 
     Cheap (a few thousand values per tensor), and it changes with any retraining, quantisation or dtype change. A
-    drafter's per-call proposal defaults (`PROPOSAL_OPTIONS`: threshold, backoffs, lookup) count as unset: a call, and
-    every benchmark method, sets them itself, so re-publishing a drafter with other defaults keeps its fingerprint.
+    drafter's proposal defaults are not part of it (they are its `generation_config`, not its config).
     """
     digest = hashlib.sha256()
     config = model.config.to_diff_dict()
     for key in ("_name_or_path", "transformers_version", "_attn_implementation_autoset", "dtype", "torch_dtype"):
         config.pop(key, None)
-    config.update({key: None for key in PROPOSAL_OPTIONS if key in config})
-    config = without_later_defaults(config, LATER_CONFIG_DEFAULTS)
     digest.update(json.dumps(config, sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
         flat = tensor.detach().reshape(-1)
@@ -68,4 +54,4 @@ def model_fingerprint(model) -> str:
     return digest.hexdigest()[:16]
 
 
-__all__ = ["device_synchronizer", "json_fingerprint", "model_fingerprint", "pad_token_id", "without_later_defaults"]
+__all__ = ["device_synchronizer", "json_fingerprint", "model_fingerprint", "pad_token_id"]

@@ -33,7 +33,7 @@ from transformers.generation.streamers import BaseStreamer
 from ..compatibility import check_compatibility
 from ..hub.native import NativeDFlashUnavailable, to_native_dflash
 from ..modeling_carryover import CarryoverDrafterModel
-from ..utils import device_synchronizer, model_fingerprint, pad_token_id, without_later_defaults
+from ..utils import device_synchronizer, model_fingerprint, pad_token_id
 from .journal import RunJournal
 from .overhead import check_new_context_rows
 from .prompts import Prompt, encode_prompt
@@ -197,11 +197,10 @@ class Method:
         return {}
 
     def describe(self) -> dict[str, Any]:
-        described = {"name": self.name, "kind": self.kind, "drafter": self.drafter_name,
-                     "use_carryover": self.use_carryover, "draft_confidence_threshold": self.confidence_threshold,
-                     "proposal_backoff": self.proposal_backoff, "lookup_drafts": self.lookup_drafts,
-                     "lookup_backoff": self.lookup_backoff}  # fmt: skip
-        return without_later_defaults(described, LATER_METHOD_FIELDS)
+        return {"name": self.name, "kind": self.kind, "drafter": self.drafter_name,
+                "use_carryover": self.use_carryover, "draft_confidence_threshold": self.confidence_threshold,
+                "proposal_backoff": self.proposal_backoff, "lookup_drafts": self.lookup_drafts,
+                "lookup_backoff": self.lookup_backoff}  # fmt: skip
 
 
 @dataclass
@@ -718,10 +717,6 @@ def _run_prompt_group(target, methods, prompt, index, encoded, temperature, sett
     }
 
 
-# Settings and method fields added after journals existed, with their defaults: left out of the fingerprint at these
-# values, so that a journal begun before them still resumes.
-LATER_SETTINGS = {"lookup_backoffs": []}
-LATER_METHOD_FIELDS = {"lookup_backoff": None}
 # Settings that change only how results are summarised, not what is measured: a resumed run may change them.
 REPORT_ONLY_SETTINGS = (
     "warmup", "bootstrap_resamples", "confidence", "compare", "overhead", "overhead_context_lengths",
@@ -735,9 +730,7 @@ def _measures(target, drafters, methods, prompts, encoded, settings, tolerance, 
     for prompt in prompts:
         tokens.update(prompt.id.encode() + b"\0" + encoded[prompt.id].numpy().tobytes())
     return {
-        "settings": without_later_defaults(
-            {k: v for k, v in asdict(settings).items() if k not in REPORT_ONLY_SETTINGS}, LATER_SETTINGS
-        ),
+        "settings": {k: v for k, v in asdict(settings).items() if k not in REPORT_ONLY_SETTINGS},
         "tie_tolerance": tolerance,
         "methods": [m.describe() for m in methods],
         "prompts": {"ids": [p.id for p in prompts], "tokens": tokens.hexdigest()[:16]},

@@ -9,12 +9,12 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from ..configuration_carryover import CarryoverDrafterConfig
+from ..configuration_carryover import PROPOSAL_DEFAULTS, CarryoverDrafterConfig
 from ..resources import MODEL_CARD_TEMPLATE as DEFAULT_TEMPLATE
 
 LIBRARY_NAME = "transformers"
 PIPELINE_TAG = "text-generation"
-# How the card names the proposal defaults a drafter is published with (configuration_carryover.PROPOSAL_OPTIONS).
+# How the card names the proposal defaults a drafter is published with (its generation_config.json).
 PROPOSAL_DEFAULT_LABELS = {
     "lookup_drafts": "context lookup of {} tokens in front of the drafter",
     "lookup_backoff": "lookup backoff {}",
@@ -107,6 +107,7 @@ def render_model_card(
     tags: Sequence[str] = (),
     export_format: str | None = None,
     template_path: str | Path | None = None,
+    generation_config: Any = None,
 ) -> ModelCard:
     """Render the drafter's model card (`README.md`) from the shipped template (`resources.MODEL_CARD_TEMPLATE`).
 
@@ -117,6 +118,8 @@ def render_model_card(
         evaluation: rows for the evaluation table, see [`format_evaluation`].
         training_data / objective: free text; the objective defaults to the one `config.trained_with_carryover` names.
         export_format: `"speculators"` renders the card of a vLLM speculators export (vLLM usage, no carry).
+        generation_config: the drafter's `generation_config` (a `GenerationConfig` or a dict): the proposal defaults
+            a generate call starts from (`PROPOSAL_DEFAULTS`); default: those an old config.json held, else none.
     """
     template = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
     if not template.is_file():
@@ -154,14 +157,18 @@ def render_model_card(
         drafter_kind = f"Markov ({head})"
     else:
         drafter_kind = "DFlash (block diffusion, one forward pass per proposal)"
-    if config.use_carryover:
+    defaults = {**PROPOSAL_DEFAULTS, **getattr(config, "legacy_proposal_defaults", {})}
+    if generation_config is not None:
+        saved = generation_config if isinstance(generation_config, Mapping) else generation_config.to_dict()
+        defaults.update({k: saved[k] for k in PROPOSAL_DEFAULTS if k in saved})
+    if defaults["use_carryover"]:
         carryover = "on: rejected drafts' target states are carried into the next proposal"
     else:
         carryover = "off: drafts as plain DFlash (`E_carry` unused)"
     carryover += "; trained with carryover" if config.trained_with_carryover else "; not trained with carryover"
     proposal_defaults = None  # a speculators export is served by vLLM with its own options
     if export_format != "speculators":
-        set_defaults = {name: getattr(config, name, None) for name in PROPOSAL_DEFAULT_LABELS}
+        set_defaults = {name: defaults[name] for name in PROPOSAL_DEFAULT_LABELS}
         proposal_defaults = "; ".join(PROPOSAL_DEFAULT_LABELS[k].format(v) for k, v in set_defaults.items() if v)
     title = (repo_id.rstrip("/").split("/")[-1] if repo_id else "Carryover drafter") + (
         " (vLLM speculators export)" if export_format == "speculators" else ""

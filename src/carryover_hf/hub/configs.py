@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     drafter.save_pretrained(out)
     untrained = "not trained yet (freshly initialised)"
-    render_model_card(drafter.config, repo_id=hub.repo_id, training_data=untrained, objective=untrained).save(
+    render_model_card(drafter.config, repo_id=hub.repo_id, training_data=untrained, objective=untrained,
+                      generation_config=drafter.generation_config).save(
         out / "README.md"
     )
     params = sum(p.numel() for p in drafter.parameters())

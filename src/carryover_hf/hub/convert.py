@@ -24,7 +24,7 @@ from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import AutoConfig, PretrainedConfig
 
 from ..compatibility import DrafterTargetMismatchError, check_compatibility
-from ..configuration_carryover import CarryoverDrafterConfig
+from ..configuration_carryover import CarryoverDrafterConfig, proposal_generation_config
 from ..modeling_carryover import CarryoverDrafterModel
 from .card import render_model_card
 from .checkpoints import CheckpointError, read_config, read_weights, resolve_checkpoint
@@ -255,6 +255,7 @@ def import_checkpoint(
 
     out = _prepare_output(out)
     config.save_pretrained(out)
+    proposal_generation_config(config).save_pretrained(out)
     save_torch_state_dict(tensors, out)
     render_model_card(
         config,

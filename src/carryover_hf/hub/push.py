@@ -13,8 +13,9 @@ from typing import Any
 
 from huggingface_hub import HfApi
 from huggingface_hub.utils import validate_repo_id
+from transformers.utils import GENERATION_CONFIG_NAME
 
-from ..configuration_carryover import PROPOSAL_OPTIONS, CarryoverDrafterConfig
+from ..configuration_carryover import PROPOSAL_OPTIONS, CarryoverDrafterConfig, check_proposal_defaults
 from ..modeling_carryover import CarryoverDrafterModel
 from .card import evaluation_from_bench, render_model_card
 from .checkpoints import CheckpointError, read_config, safetensors_files
@@ -33,19 +34,20 @@ def _read_drafter_config(source: Path) -> dict:
     return raw
 
 
-def _write_weights(drafter: CarryoverDrafterModel | str | Path, folder: Path) -> CarryoverDrafterConfig:
-    """The drafter's config and safetensors weights in `folder` (nothing else is copied from a source folder)."""
+def _write_weights(drafter: CarryoverDrafterModel | str | Path, folder: Path) -> tuple[CarryoverDrafterConfig, Any]:
+    """The drafter's config, generation config (its proposal defaults) and safetensors weights in `folder` (nothing
+    else is copied from a source folder); returns the config and the generation config (`None`: an older folder
+    without generation_config.json, whose config.json holds the defaults)."""
     if isinstance(drafter, CarryoverDrafterModel):
         drafter.save_pretrained(folder, safe_serialization=True)
-        return drafter.config
+        return drafter.config, drafter.generation_config
     source = Path(drafter)
     raw = _read_drafter_config(source)
-    shutil.copy2(source / "config.json", folder / "config.json")
-    for file in safetensors_files(source):
+    names = ["config.json", "model.safetensors.index.json", GENERATION_CONFIG_NAME]
+    for file in [*(source / name for name in names if (source / name).is_file()), *safetensors_files(source)]:
         shutil.copy2(file, folder / file.name)
-    if (source / "model.safetensors.index.json").is_file():
-        shutil.copy2(source / "model.safetensors.index.json", folder / "model.safetensors.index.json")
-    return CarryoverDrafterConfig.from_dict(raw)
+    saved = source / GENERATION_CONFIG_NAME
+    return CarryoverDrafterConfig.from_dict(raw), json.loads(saved.read_text()) if saved.is_file() else None
 
 
 def build_upload_folder(
@@ -54,13 +56,16 @@ def build_upload_folder(
     repo_id: str,
     **card_kwargs: Any,
 ) -> Path:
-    """Write exactly what `push_to_hub` uploads: config.json, safetensors weights and the rendered README.md."""
+    """Write exactly what `push_to_hub` uploads: config.json, generation_config.json (the proposal defaults),
+    safetensors weights and the rendered README.md."""
     folder = Path(folder)
     if folder.exists() and any(folder.iterdir()):
         raise CheckpointError(f"{folder} is not empty; choose a new folder for the upload.")
     folder.mkdir(parents=True, exist_ok=True)
-    config = _write_weights(drafter, folder)
-    render_model_card(config, repo_id=repo_id, **card_kwargs).save(folder / "README.md")
+    config, generation_config = _write_weights(drafter, folder)
+    render_model_card(config, repo_id=repo_id, generation_config=generation_config, **card_kwargs).save(
+        folder / "README.md"
+    )
     return folder
 
 
@@ -131,14 +136,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
                         help="cast the weights before upload (default: as saved); bf16/fp16 halve the download")
     parser.add_argument("--carry", choices=["on", "off"],
-                        help="set config.use_carryover in the upload (default: as saved); 'off' for DFlash-trained "
+                        help="set use_carryover in the upload's generation_config.json (default: as saved); 'off' for "
+                        "DFlash-trained "
                         "drafters that should draft as plain DFlash by default")
     for option in PROPOSAL_OPTIONS:  # the defaults a generate call starts from; 0 sets one off
         threshold = option == "draft_confidence_threshold"
         parser.add_argument(f"--{option.replace('_', '-')}", type=float if threshold else int,
                             metavar="T" if threshold else "N",
-                            help=f"set config.{option} in the upload (default: as saved): the value each generate "
-                            "call uses unless it passes its own (docs/generate.md)")
+                            help=f"set {option} in the upload's generation_config.json (default: as saved): the "
+                            "value each generate call uses unless it passes its own (docs/generate.md)")
     parser.add_argument("--private", action="store_true", help="create the repository as private")
     parser.add_argument("--revision", help="branch to push to")
     parser.add_argument("--commit-message", help="commit message")
@@ -170,10 +176,10 @@ def main(argv: list[str] | None = None) -> int:
             dtype = getattr(torch, args.dtype) if args.dtype else "auto"
             drafter = CarryoverDrafterModel.from_pretrained(drafter, dtype=dtype)
             if args.carry:
-                drafter.config.use_carryover = args.carry == "on"
+                drafter.generation_config.use_carryover = args.carry == "on"
             for option, value in defaults.items():
-                setattr(drafter.config, option, value)
-            drafter.config.validate_carryover()  # a bad value fails here, before anything is written
+                setattr(drafter.generation_config, option, value)
+            check_proposal_defaults(defaults)  # a bad value fails here, before anything is written
         result = push_to_hub(
             drafter,
             args.repo_id,
