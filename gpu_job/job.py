@@ -341,15 +341,16 @@ class Job:
         with tarfile.open(archive, "w") as tar:
             for path, name in members:
                 tar.add(path, arcname=name)
-        parts = []
+        parts, whole = [], hashlib.sha256()  # the archive is read once: parts and the whole's checksum together
         with open(archive, "rb") as handle:
             index = 0
             while block := handle.read(PART_BYTES):
                 path = bundle / f"bundle.part{index:02d}"
                 path.write_bytes(block)
+                whole.update(block)
                 parts.append({"name": path.name, "size": len(block), "sha256": hashlib.sha256(block).hexdigest()})
                 index += 1
-        manifest = {"parts": parts, "sha256": sha256(archive), "members": [name for _, name in members]}
+        manifest = {"parts": parts, "sha256": whole.hexdigest(), "members": [name for _, name in members]}
         (bundle / "bundle.json").write_text(json.dumps(manifest, indent=2) + "\n")
         archive.unlink()
         shutil.copy2(bundle / "bundle.json", self.out / "bundle.json")
