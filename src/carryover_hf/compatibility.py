@@ -12,7 +12,9 @@ class DrafterTargetMismatchError(ValueError):
     """The drafter was made for another target."""
 
 
-SUPPORTED_TRANSFORMERS = ((5, 17), (5, 26))  # [lowest, first unsupported) major.minor; CI tests both ends
+SUPPORTED_TRANSFORMERS = ((5, 17), (5, 24))  # [lowest, first unsupported) major.minor; CI tests both ends
+# 5.25 is not supported: `carryover-hf regenerate`'s rows differ from plain greedy generate there
+# (tests/test_data_regenerate.py), while the generate hook, sampling and training tests pass.
 
 
 def _transformers_at_least(major: int, minor: int) -> bool:
