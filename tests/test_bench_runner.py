@@ -69,7 +69,8 @@ def test_report_files_are_complete(bench):
 def test_every_method_ran_on_every_prompt(bench):
     report, _, prompts = bench
     names = [m["name"] for m in report["methods"]]
-    assert names == ["target", "prompt_lookup", "d/dflash_native", "d/carry_off", "d/carry_on", "m/carry_off", "m/carry_on"]
+    assert names == ["target", "prompt_lookup", "d/dflash_native", "d/carry_off", "d/carry_on", "d/rules", "d/policy",
+                     "m/carry_off", "m/carry_on", "m/rules", "m/policy"]  # fmt: skip
     assert report["skipped_methods"] == [
         {"name": "m/dflash_native", "reason": "drafter_type='markov': Transformers' DFlash path has no Markov head"}
     ]
@@ -138,6 +139,7 @@ def test_comparisons_are_paired_and_signed(bench):
     pairs = {(c["a"], c["b"]): c for c in block["comparisons"]}
     assert ("d/carry_on", "d/carry_off") in pairs and ("d/carry_off", "d/dflash_native") in pairs
     assert ("m/carry_on", "d/carry_off") in pairs
+    assert ("d/policy", "d/rules") in pairs and ("d/policy", "d/carry_on") in pairs
     summary = block["summary"]
     for (a, b), comparison in pairs.items():
         overall = comparison["all"]
@@ -406,3 +408,36 @@ def test_keep_methods_trims_the_cross_product_of_variants(models):
     assert [s["name"] for s in skipped] == ["m/dflash_native"]  # kept, but a Markov drafter has no native path: said
     with pytest.raises(ValueError, match=r"--keep_methods \['d/carry_on@0.5'\] match no method; the options make"):
         build_methods(drafters, BenchmarkSettings(keep_methods=["d/carry_on@0.5"]))
+
+
+def test_rules_and_policy_run_what_a_plain_generate_call_runs(models):
+    """`rules` is the drafter's own proposal defaults (here a 9-token lookup), `policy` the cost-aware round policy
+    with the verification cost the run names; both pass the greedy gate."""
+    target, drafters = models
+    drafter = drafters["d"]
+    settings = BenchmarkSettings(temperatures=[0.0], max_new_tokens=16, methods=["target", "rules", "policy"],
+                                 verification_cost="flat", bootstrap_resamples=200, overhead=False, warmup=0)  # fmt: skip
+    drafter.generation_config.lookup_drafts = 9
+    try:
+        report = run_benchmark(target, {"d": drafter}, tiny_prompts(3, vocab_size=VOCAB), settings=settings,
+                               progress=False)  # fmt: skip
+    finally:
+        drafter.generation_config.lookup_drafts = None
+    assert [m["name"] for m in report["methods"]] == ["target", "d/rules", "d/policy"]
+    assert report["correctness"]["passed"]
+    assert ("d/policy", "d/rules") in {(c["a"], c["b"]) for c in report["results"][0]["comparisons"]}
+    lengths = {m: [n for r in report["runs"] if r["method"] == m for n in r["draft_lengths"]] for m in ("d/rules", "d/policy")}
+    assert 9 in lengths["d/rules"]  # the drafter's lookup default ran
+    # Verification costs nothing: the policy drafts in every round, a full block or more; only a last round with one
+    # token left to generate has nothing to draft.
+    policy_runs = [r["draft_lengths"] for r in report["runs"] if r["method"] == "d/policy"]
+    assert all(n >= 1 for lengths_ in policy_runs for n in lengths_[:-1])
+    assert max(lengths["d/policy"]) >= drafter.config.block_size - 1  # a suffix match may offer more
+
+
+@pytest.mark.parametrize("value", ["0.5", "1,0", "a,b", "cheap"])
+def test_verification_cost_is_checked_before_loading(value):
+    with pytest.raises(ValueError, match="--verification_cost must be"):
+        BenchmarkSettings(verification_cost=value).validate()
+    BenchmarkSettings(verification_cost="1,1.2,1.4").validate()
+    BenchmarkSettings(verification_cost="flat").validate()

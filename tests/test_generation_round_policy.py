@@ -8,14 +8,17 @@ import torch
 import carryover_hf  # noqa: F401  (installs the generation hook)
 from carryover_hf.compatibility import ASSISTED_LOOP_CROPS_AT_EOS
 from carryover_hf.generation import declare_generation_options
+from carryover_hf.modeling_carryover import Proposal
 from carryover_hf.suffix_cache import SuffixCache
 from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
 
 from test_generation_sampling import assert_matches, exact_distribution, sample_with_drafter
 
 VOCAB = 16
-# Free verification (full blocks pay), and a cost that rises steeply (short proposals or plain steps pay).
-COSTS = {"flat": "flat", "steep": [1.0, 1.6, 2.2, 2.8, 3.4, 4.0, 4.6, 5.2, 5.8, 6.4, 7.0, 7.6, 8.2, 8.8, 9.4, 10.0, 10.6]}
+# Free verification (full blocks pay), a cost that rises steeply (short proposals or plain steps pay), and the
+# default: each round's cost measured from the call's own rounds.
+COSTS = {"flat": "flat", "steep": [1.0, 1.6, 2.2, 2.8, 3.4, 4.0, 4.6, 5.2, 5.8, 6.4, 7.0, 7.6, 8.2, 8.8, 9.4, 10.0, 10.6],
+         "measured": None}  # fmt: skip
 
 
 class Plans(carryover_hf.generation.RoundObserver):
@@ -63,8 +66,45 @@ def test_greedy_output_is_identical_under_the_cost_aware_policy(targets, cost):
     assert sources["drafter"] > 0 and outcomes["zero"] > 0 and outcomes["full"] > 0, (sources, outcomes)
     if cost == "flat":
         assert sources["lookup"] > 0, sources  # the repeated motif: suffix matches
-    else:
+    elif cost == "steep":
         assert sources["plain"] > sources["drafter"], sources  # expensive verification of unlikely drafts
+
+
+def adversary(drafter, reference: torch.LongTensor, kind: str, vocab_size: int = VOCAB):
+    """`drafter` made to propose what `kind` says about the target's own greedy continuation `reference`: "right"
+    (every draft the target's next token), "wrong" (none) or "alternating" (right, then wrong, proposal by proposal)."""
+    calls = []
+
+    def propose(block_states, head, anchor_ids, *, prefix_ids=None, **kwargs):
+        rows, start = block_states.shape[-2], prefix_ids.shape[1]
+        right = reference[0, start : start + rows]
+        right = torch.cat([right, torch.zeros(rows - right.numel(), dtype=right.dtype)])  # past the end: anything
+        wrong = (right + 1) % vocab_size
+        calls.append(kind)
+        use_right = kind == "right" or (kind == "alternating" and len(calls) % 2 == 1)
+        return Proposal((right if use_right else wrong).view(1, rows))
+
+    drafter.propose = propose  # this instance only
+    return drafter
+
+
+@pytest.mark.parametrize("cost", list(COSTS))
+@pytest.mark.parametrize("kind", ["right", "wrong", "alternating"])
+def test_greedy_output_is_identical_with_adversarial_drafters(targets, cost, kind):
+    target, prompt = targets[1], torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    kwargs = dict(max_new_tokens=40, do_sample=False, attention_mask=torch.ones_like(prompt))
+    reference = target.generate(prompt, **kwargs)
+    drafter = adversary(tiny_drafter(target, block_size=8, seed=2), reference, kind)
+    output = target.generate(prompt, assistant_model=drafter, round_policy="cost", verification_cost=COSTS[cost],
+                             **kwargs)  # fmt: skip
+    assert torch.equal(output, reference), f"the {kind} drafter changed the output under the {cost} cost"
+    stats = drafter.last_generation_stats
+    tokens_per_round = (output.shape[1] - prompt.shape[1] - 1) / stats.num_rounds
+    if kind == "right" and cost != "steep":
+        assert tokens_per_round > 4, stats.draft_lengths  # a drafter that is always right gets long proposals
+    if kind == "wrong" and cost == "steep":
+        drafter_rounds = sum(1 for n in stats.draft_lengths if n) - stats.lookup_proposals
+        assert drafter_rounds < stats.num_rounds / 4, stats.draft_lengths  # only probes
 
 
 def test_a_shared_suffix_cache_drafts_a_repeated_answer_from_the_first_call(targets):
@@ -102,3 +142,29 @@ def test_sampling_keeps_the_target_distribution_under_the_cost_aware_policy(cost
     samples, acceptance = sample_with_drafter(target, drafter, settings)
     assert acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
     assert_matches(samples, exact_distribution(target, dict(temperature=0.8, top_k=0)))
+
+
+def test_the_drafters_generation_config_chooses_the_policy_and_a_call_overrides_it(targets, tmp_path):
+    from carryover_hf.round_policy import CostAwarePolicy
+
+    target = targets[1]
+    drafter = tiny_drafter(target, block_size=4, seed=2)
+    drafter.generation_config.round_policy = "cost"
+    drafter.save_pretrained(tmp_path)
+    drafter = type(drafter).from_pretrained(tmp_path)
+    assert drafter.generation_config.round_policy == "cost"  # saved with the drafter, loaded with it
+
+    class Policy(carryover_hf.generation.RoundObserver):
+        def generation_started(self, generator):
+            self.policy = generator.policy
+
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    kwargs = dict(max_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(prompt))
+    with carryover_hf.generation.observing_rounds(drafter, Policy()) as seen:
+        target.generate(prompt, assistant_model=drafter, **kwargs)
+        assert isinstance(seen.policy, CostAwarePolicy)
+        target.generate(prompt, assistant_model=drafter, round_policy="rules", **kwargs)
+        assert isinstance(seen.policy, carryover_hf.generation.ProposalPolicy)
+    with pytest.raises(ValueError, match="round_policy must be one of"):
+        drafter.generation_config.round_policy = "fastest"
+        target.generate(prompt, assistant_model=drafter, **kwargs)

@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from carryover_hf.round_policy import AcceptanceEstimate, VerificationCost, best_proposal, calibrate
+from carryover_hf.round_policy import (
+    AcceptanceEstimate,
+    MeasuredCost,
+    ModelledCost,
+    VerificationCost,
+    best_proposal,
+    calibrate,
+)
 from carryover_hf.testing import tiny_target
 
 
@@ -29,23 +36,57 @@ def test_expected_tokens_follow_the_conditional_rates():
 
 
 def test_free_verification_takes_full_blocks_and_costly_verification_of_bad_drafts_takes_a_plain_step():
-    flat = VerificationCost.flat(15)
+    flat = ModelledCost(VerificationCost.flat(15))
     good = {"drafter": _estimate(0.5, max_drafts=15)}
     choice = best_proposal(good, {"drafter": 15}, flat)
     assert choice.source == "drafter" and choice.drafts == 15  # free verification: every extra draft is a gain
     cpu = VerificationCost([1.0, 1.1, 1.15, 1.17, 1.22, 1.25, 1.27, 1.29])  # a CPU-like cost of k drafts
     bad = {"drafter": _estimate(0.05, max_drafts=7)}
-    assert best_proposal(bad, {"drafter": 7}, cpu, {"drafter": 0.1}) == best_proposal({}, {}, cpu)
-    assert best_proposal(bad, {"drafter": 7}, cpu).source is None  # never expected to lose to the target alone
+    with_drafter = ModelledCost(cpu, {"drafter": 0.1})
+    assert best_proposal(bad, {"drafter": 7}, with_drafter) == best_proposal({}, {}, with_drafter)
+    assert best_proposal(bad, {"drafter": 7}, ModelledCost(cpu)).source is None  # never worse than the target alone
     mid = {"drafter": _estimate(0.6, max_drafts=7), "lookup": _estimate(0.9, max_drafts=7)}
-    choice = best_proposal(mid, {"drafter": 7, "lookup": 3}, cpu, {"drafter": 0.12})
+    with_drafter = ModelledCost(cpu, {"drafter": 0.12})
+    choice = best_proposal(mid, {"drafter": 7, "lookup": 3}, with_drafter)
     assert choice.source == "lookup" and 1 <= choice.drafts <= 3
-    assert best_proposal(mid, {"drafter": 7, "lookup": 0}, cpu, {"drafter": 0.12}).source == "drafter"
+    assert best_proposal(mid, {"drafter": 7, "lookup": 0}, with_drafter).source == "drafter"
 
 
 def test_cost_beyond_the_calibrated_range_grows_linearly():
     cost = VerificationCost([1.0, 1.2, 1.5])
     assert cost.verify(2) == 1.5 and cost.verify(4) == pytest.approx(2.1)
+
+
+ANCHORS = [(None, 0), ("lookup", 1), ("lookup", 16), ("draft", 1), ("draft", 7)]
+
+
+def _true_seconds(source, drafts):
+    """A machine where a step takes 20 ms, each verified draft 3 ms, a drafter forward 8 ms and each drafted row 1 ms."""
+    drafter = source == "draft"
+    return 0.020 + 0.008 * drafter + 0.003 * drafts + 0.001 * drafter * drafts
+
+
+def test_measured_costs_learn_the_machine_from_timed_rounds():
+    prior = ModelledCost(VerificationCost([1.0 + 0.5 * k for k in range(17)]), {"draft": 1.0})  # far too pessimistic
+    cost = MeasuredCost(prior, ANCHORS)
+    assert cost("draft", 3) == prior("draft", 3)  # before any timed round: the prior, in its own units
+    generator = torch.Generator().manual_seed(0)
+    rounds = [(None, 0), ("draft", 3), ("lookup", 5), ("draft", 7), (None, 0), ("lookup", 2)] * 15
+    for source, drafts in rounds:
+        noise = 1.0 + 0.1 * (float(torch.rand((), generator=generator)) - 0.5)
+        cost.record(source, drafts, _true_seconds(source, drafts) * noise)
+    for source, drafts in [(None, 0), ("draft", 1), ("draft", 5), ("lookup", 10), ("lookup", 16)]:  # seen or not
+        assert cost(source, drafts) == pytest.approx(_true_seconds(source, drafts), rel=0.1), (source, drafts)
+    cost.record("draft", 3, 10.0)  # a stall counts as three times the prediction, not as ten seconds
+    assert cost("draft", 3) < 1.5 * _true_seconds("draft", 3)
+
+
+def test_measured_costs_follow_a_machine_that_slows_down():
+    cost = MeasuredCost(ModelledCost(VerificationCost.flat(16), {"draft": 0.1}), ANCHORS, decay=0.9)
+    for slowdown in (1.0, 2.0):  # the other core got busy: every round takes twice as long
+        for source, drafts in [(None, 0), ("draft", 3), ("lookup", 4)] * 30:
+            cost.record(source, drafts, slowdown * _true_seconds(source, drafts))
+    assert cost(None, 0) == pytest.approx(2 * _true_seconds(None, 0), rel=0.05)
 
 
 def test_calibration_is_measured_once_per_model_device_dtype_and_threads(tmp_path, monkeypatch):

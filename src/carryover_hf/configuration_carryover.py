@@ -32,7 +32,9 @@ COUNT_OPTIONS = {"proposal_backoff": "rounds", "lookup_drafts": "tokens", "looku
 # its measured best ones) are the drafter's `generation_config`, saved as generation_config.json beside the model:
 # they are not part of what the drafter is, and the config holds architecture and training facts only.
 PROPOSAL_OPTIONS = ("draft_confidence_threshold", *COUNT_OPTIONS)
-PROPOSAL_DEFAULTS = {"use_carryover": True, **dict.fromkeys(PROPOSAL_OPTIONS)}
+# `round_policy`: None (or "rules") for the rule-based policy those options drive, "cost" for the cost-aware one.
+PROPOSAL_DEFAULTS = {"use_carryover": True, "round_policy": None, **dict.fromkeys(PROPOSAL_OPTIONS)}
+ROUND_POLICIES = ("rules", "cost")
 
 
 def check_count_option(name: str, value) -> int | None:
@@ -56,6 +58,14 @@ def check_proposal_defaults(values: dict[str, Any]) -> None:
         raise ValueError(f"draft_confidence_threshold must lie in [0, 1] or be None (off), got {threshold}.")
     for name in COUNT_OPTIONS:
         check_count_option(name, values.get(name))
+    check_round_policy(values.get("round_policy"))
+
+
+def check_round_policy(name: str | None) -> str:
+    """A `round_policy` value as the generator uses it ("rules" for None), or a clear error."""
+    if name is not None and name not in ROUND_POLICIES:
+        raise ValueError(f"round_policy must be one of {ROUND_POLICIES} or None (rules), got {name!r}.")
+    return name or "rules"
 
 
 @strict

@@ -25,7 +25,7 @@ from transformers.generation.utils import GenerationMixin
 from transformers.utils import logging
 
 from .compatibility import ASSISTED_LOOP_CROPS_AT_EOS, check_compatibility, check_single_sequence, check_target
-from .configuration_carryover import PROPOSAL_DEFAULTS, check_count_option
+from .configuration_carryover import PROPOSAL_DEFAULTS, check_count_option, check_round_policy
 from .features import embed_block_tokens, gather_target_features, hidden_state_indices
 from .modeling_carryover import CarryoverDrafterModel, DrafterContextBuffer
 from .utils import device_synchronizer
@@ -51,11 +51,14 @@ CARRYOVER_GENERATION_OPTIONS = {
     "at each boundary; default False)",
     "round_policy": "'cost': choose each round's source (drafter, suffix match, plain step) and draft count by "
     "expected tokens per unit of cost (`round_policy.CostAwarePolicy`; the lookup, backoff and confidence options "
-    "then do not apply); default: the rule-based policy",
-    "verification_cost": "with round_policy='cost': 'flat' (every forward costs one step, as on a GPU), a list of "
-    "relative costs of verifying 0, 1, 2, ... drafts, or None: calibrated on the target once and cached on disk",
+    "then do not apply); 'rules': the rule-based policy those options drive (default: the drafter's; None: rules)",
+    "verification_cost": "with round_policy='cost': None (default): each round's cost measured from the call's own "
+    "rounds (wall time; sampled outputs then keep the target's distribution but not a seed's exact tokens); "
+    "'calibrate': calibrated on the target once and cached on disk; 'flat': every forward costs one step, as on a "
+    "GPU; or a list of relative costs of verifying 0, 1, 2, ... drafts",
 }
-ROUND_POLICIES = ("cost",)
+# The measured cost's prior: verifying k drafts costs 1 + this * k steps (a drafter proposal 0.1 more).
+MEASURED_COST_PRIOR_SLOPE = 0.05
 # "The drafter's" default: `drafter.generation_config` (`drafter_defaults`).
 # Options that choose another candidate generator: Transformers would ignore them next to a Carryover drafter.
 CONFLICTING_SPECULATION_OPTIONS = ("prompt_lookup_num_tokens", "assistant_early_exit", "speculation_type", "use_mtp")
@@ -103,6 +106,7 @@ class GenerationStats:
     skipped_by_backoff: int = 0  # rounds with no proposal (plain target steps) under `proposal_backoff`
     lookup_proposals: int = 0  # rounds whose drafts came from a context lookup (`lookup_drafts`), not the drafter
     lookups_skipped_by_backoff: int = 0  # rounds whose lookup `lookup_backoff` held back (found or not)
+    planning_time: float = 0.0  # seconds in the policy's `plan` (host time, always recorded: no device sync)
     timed: bool = False
     prefill_time: float = 0.0
     drafting_time: float = 0.0
@@ -497,9 +501,8 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             proposal_backoff=_count_option(generation_config, defaults, "proposal_backoff"),
             confidence_threshold=confidence_threshold,
         )
-        round_policy = _option(generation_config, "round_policy", None)
-        if round_policy is not None:
-            self.policy = cost_aware_policy(target, drafter, input_ids, generation_config, round_policy)
+        if check_round_policy(_option(generation_config, "round_policy", defaults["round_policy"])) == "cost":
+            self.policy = cost_aware_policy(target, drafter, input_ids, generation_config)
         do_sample = bool(generation_config.do_sample)
         lm_head = target.get_output_embeddings()
         self.vocab_size = lm_head.weight.shape[0]
@@ -566,7 +569,9 @@ class CarryoverCandidateGenerator(CandidateGenerator):
         verified = gather_target_features(model_outputs.hidden_states, self.config.target_layer_ids).to(self.device)
         num_accepted = self.proposer.accepted_rows(input_ids.shape[1], verified.shape[1])
         self.proposer.observe(verified, num_accepted)
+        planning = time.perf_counter()
         plan = self.policy.plan(input_ids, first_draft_accepted=num_accepted > 1, accepted_drafts=num_accepted - 1)
+        self.stats.planning_time += time.perf_counter() - planning
         candidate_ids, candidate_logits = input_ids, None  # a plain target step unless the plan proposes
         if plan.kind == "lookup":
             candidate_ids, candidate_logits = lookup_candidates(
@@ -653,28 +658,32 @@ def check_pair(target: PreTrainedModel, drafter: CarryoverDrafterModel) -> None:
         logger.warning_once(f"The drafter records target {recorded!r}; generating with {actual!r}.")
 
 
-def cost_aware_policy(target, drafter, input_ids, generation_config, name: str):
+def cost_aware_policy(target, drafter, input_ids, generation_config):
     """`round_policy="cost"`: a `round_policy.CostAwarePolicy` over the drafter and a suffix match (the drafter's
     `suffix_cache` when one is set, shared across calls; else this call's sequence alone), with the verification cost
     of `verification_cost`."""
     from .round_policy import CostAwarePolicy, VerificationCost, calibrate
     from .suffix_cache import SuffixCache
 
-    if name not in ROUND_POLICIES:
-        raise ValueError(f"round_policy must be one of {ROUND_POLICIES} or None, got {name!r}.")
     block_size = drafter.config.block_size
     max_drafts = max(block_size - 1, 16)
     cost = getattr(generation_config, "verification_cost", None)
-    if cost is None:
+    measured = cost is None
+    if cost is None:  # measured from this call's own rounds, from a prior that any timed round soon outweighs
+        cost = VerificationCost([1.0 + MEASURED_COST_PRIOR_SLOPE * k for k in range(max_drafts + 1)])
+    elif cost == "calibrate":
         cost = calibrate(target, max_drafts)
     elif cost == "flat":
         cost = VerificationCost.flat(max_drafts)
     elif isinstance(cost, (list, tuple)) and len(cost) >= 2 and all(float(c) > 0 for c in cost):
         cost = VerificationCost([float(c) for c in cost])
     else:
-        raise ValueError(f"verification_cost must be None, 'flat' or a list of positive costs, got {cost!r}.")
+        raise ValueError(
+            f"verification_cost must be None (measured), 'calibrate', 'flat' or a list of positive costs, got {cost!r}."
+        )
     cache = getattr(drafter, "suffix_cache", None) or SuffixCache(keep_outputs=False)
-    return CostAwarePolicy(block_size, generation_config.max_length, cost, cache.session(input_ids[0].tolist()))
+    session = cache.session(input_ids[0].tolist())
+    return CostAwarePolicy(block_size, generation_config.max_length, cost, session, measured=measured)
 
 
 def declare_generation_options(model: PreTrainedModel) -> PreTrainedModel:

@@ -7,13 +7,16 @@ per source (a drafter, a context lookup, a suffix cache: whatever offers drafts 
 expected tokens per unit of cost, and the best source; a plain step (k = 0, cost 1, one token) is always a candidate,
 so a round is never expected to be worse than the target alone.
 
-* `VerificationCost`: `verify(k)`, the cost of a forward over `k + 1` new tokens relative to a 1-token step, from a
-  short calibration on the target's own device, dtype and thread count (`calibrate`), cached on disk per
-  (model, device, dtype, threads), or given (`VerificationCost.flat()`: every forward costs one step, as on a GPU
-  where a block is nearly free).
+* Costs, in any unit as long as one: `ModelledCost` (a `VerificationCost` curve, `verify(k)` relative to a 1-token
+  step, plus a fixed cost per proposal source), given (`VerificationCost.flat()`: every forward costs one step, as on
+  a GPU where a block is nearly free, or a list), calibrated once on the target's own device, dtype and thread count
+  (`calibrate`, cached on disk per (model, device, dtype, threads)); or `MeasuredCost`, seconds per round learnt
+  online from the call's own rounds (what the round cost on this machine under its current load, CPU kernels and
+  all), starting from a `ModelledCost` prior.
 * `AcceptanceEstimate`: per source, the conditional acceptance of each draft position, a Beta prior updated by each
   verified round (`observe(drafted, accepted)`); it reads only rounds already verified, which is what keeps the
-  choice lossless: it never looks at the target's output for the round being chosen.
+  choice lossless: it never looks at the target's output for the round being chosen. Round timings are past rounds
+  too: a measured cost changes which lossless proposal is made, never what is accepted.
 * `best_proposal`: the choice.
 """
 
@@ -84,6 +87,99 @@ class AcceptanceEstimate:
         return total
 
 
+@dataclass
+class ModelledCost:
+    """The cost of a round from a model, in 1-token target steps: verifying its `k` drafts (`verification.verify(k)`)
+    plus producing them (`proposal[source]`: a drafter forward; a lookup is about free). A plain step costs 1."""
+
+    verification: VerificationCost
+    proposal: Mapping[str, float] = field(default_factory=dict)
+
+    def __call__(self, source: str | None, drafts: int) -> float:
+        return self.verification.verify(drafts) + (self.proposal.get(source, 0.0) if source is not None else 0.0)
+
+
+class MeasuredCost:
+    """The seconds a round takes, learnt from the rounds' own timings (`record`), starting from a `ModelledCost` prior.
+
+    A round (a proposal of k drafts, or a plain step with k = 0) is modelled as `c0 + c1 * drafter + c2 * k + c3 *
+    drafter * k` seconds: a step, a drafter forward, each verified draft, each drafted row (`drafter` is 1 when the
+    drafter proposed). The coefficients are a weighted least-squares fit of the rounds timed so far, recent rounds
+    weighing more (`decay` per round), pulled towards the prior by pseudo-rounds at the prior's costs (in seconds from
+    the first timed round on) that weigh `prior_rounds / (1 + timed rounds)`: they settle what the first rounds cannot
+    tell (a k never tried) and fade as the rounds tell more. A round slower than `outlier` times the prediction (a page fault, the
+    other process on the core) counts as that much. Unseen (source, k) pairs are predicted by the same four numbers."""
+
+    def __init__(self, prior: ModelledCost, anchors: list[tuple[str | None, int]], *, prior_rounds: float = 2.0,
+                 decay: float = 0.98, outlier: float = 3.0):  # fmt: skip
+        self.prior, self.anchors = prior, anchors
+        self.prior_rounds, self.decay, self.outlier = prior_rounds, decay, outlier
+        self.gram = [[0.0] * 4 for _ in range(4)]  # decayed sum of w x x^T over timed rounds, then the prior's
+        self.moment = [0.0] * 4  # decayed sum of w x y
+        self.prior_gram: list[list[float]] | None = None  # the prior's pseudo-rounds, in seconds (after round 1)
+        self.prior_moment: list[float] | None = None
+        self.weight = 0.0  # decayed number of timed rounds
+        self.rounds = 0  # timed rounds
+        self.coefficients: list[float] | None = None  # None: no timed round yet (the prior's units apply)
+
+    @staticmethod
+    def _features(source: str | None, drafts: int) -> list[float]:
+        drafter = float(source == "draft")
+        return [1.0, drafter, float(drafts), drafter * drafts]
+
+    def record(self, source: str | None, drafts: int, seconds: float) -> None:
+        """A round just verified: `drafts` from `source` (None: a plain step) took `seconds`, proposal included."""
+        if not seconds > 0:
+            return
+        if self.prior_gram is None:  # the first timed round sets the prior's scale: seconds per 1-token step
+            unit = seconds / self.prior(source, drafts)
+            self.prior_gram, self.prior_moment = [[0.0] * 4 for _ in range(4)], [0.0] * 4
+            for anchor in self.anchors:
+                _accumulate(self.prior_gram, self.prior_moment, self._features(*anchor),
+                            unit * self.prior(*anchor), self.prior_rounds / len(self.anchors))  # fmt: skip
+        elif self.weight >= 5:
+            seconds = min(seconds, self.outlier * self(source, drafts))
+        for row in self.gram:
+            row[:] = [value * self.decay for value in row]
+        self.moment = [value * self.decay for value in self.moment]
+        self.weight = self.weight * self.decay + 1.0
+        self.rounds += 1
+        _accumulate(self.gram, self.moment, self._features(source, drafts), seconds, 1.0)
+        fade = max(1.0 / (1 + self.rounds), 1e-3)
+        gram = [[a + fade * b for a, b in zip(row, prior)] for row, prior in zip(self.gram, self.prior_gram)]
+        self.coefficients = _solve(gram, [a + fade * b for a, b in zip(self.moment, self.prior_moment)])
+
+    def __call__(self, source: str | None, drafts: int) -> float:
+        if self.coefficients is None:
+            return self.prior(source, drafts)
+        step = max(self.coefficients[0], 1e-9)
+        value = sum(c * x for c, x in zip(self.coefficients, self._features(source, drafts)))
+        return max(value, 0.05 * step)  # a fit never makes a round nearly free
+
+
+def _accumulate(gram: list[list[float]], moment: list[float], x: list[float], y: float, weight: float) -> None:
+    for i, xi in enumerate(x):
+        moment[i] += weight * xi * y
+        for j, xj in enumerate(x):
+            gram[i][j] += weight * xi * xj
+
+
+def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting on a small system (a round's worth of microseconds)."""
+    n = len(rhs)
+    rows = [list(row) + [value] for row, value in zip(matrix, rhs)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        if abs(rows[col][col]) < 1e-18:
+            continue
+        for r in range(n):
+            if r != col:
+                factor = rows[r][col] / rows[col][col]
+                rows[r] = [a - factor * b for a, b in zip(rows[r], rows[col])]
+    return [row[n] / row[i] if abs(row[i]) >= 1e-18 else 0.0 for i, row in enumerate(rows)]
+
+
 @dataclass(frozen=True)
 class Choice:
     source: str | None  # None: a plain target step
@@ -94,23 +190,21 @@ class Choice:
 def best_proposal(
     estimates: Mapping[str, AcceptanceEstimate],
     available: Mapping[str, int],
-    cost: VerificationCost,
-    proposal_cost: Mapping[str, float] | None = None,
+    cost,
     drafts_only: bool = False,
 ) -> Choice:
-    """The source and draft count with the most expected tokens per unit of cost (a plain step scores 1.0; with
-    `drafts_only` it is no candidate, and the best proposal is returned even if it scores below 1).
+    """The source and draft count with the most expected tokens per unit of `cost(source, drafts)` (a `ModelledCost`
+    or `MeasuredCost`; a plain step, `cost(None, 0)`, returns one token; with `drafts_only` it is no candidate, and
+    the best proposal is returned even if it scores below a plain step).
 
-    `available[source]` is how many drafts the source can offer this round (0 or absent: none); `proposal_cost` the
-    cost of producing them, in 1-token steps (a drafter forward; a lookup is about free)."""
-    best = Choice(None, 0, float("-inf") if drafts_only else 1.0)
+    `available[source]` is how many drafts the source can offer this round (0 or absent: none)."""
+    best = Choice(None, 0, float("-inf") if drafts_only else 1.0 / cost(None, 0))
     for source, offered in available.items():
         if offered <= 0 or source not in estimates:
             continue
-        overhead = (proposal_cost or {}).get(source, 0.0)
         for k in range(1, offered + 1):
-            value = estimates[source].expected_tokens(k) / (cost.verify(k) + overhead)
-            if value > best.tokens_per_cost + 1e-12:
+            value = estimates[source].expected_tokens(k) / cost(source, k)
+            if value > best.tokens_per_cost * (1 + 1e-12):
                 best = Choice(source, k, value)
     return best
 
@@ -119,7 +213,9 @@ class CostAwarePolicy:
     """A round policy with `ProposalPolicy`'s interface (`plan`, `drafted`, `confidence`, `lookup_drafts`) that picks
     the source and draft count by `best_proposal`: the drafter (up to block size - 1 drafts, at `drafter_cost` steps a
     proposal) or a suffix match (`SuffixSession`: the live sequence and, with a shared `SuffixCache`, earlier calls;
-    drafts with one-hot distributions under sampling, as a context lookup), else a plain step.
+    drafts with one-hot distributions under sampling, as a context lookup), else a plain step. With `measured=True`
+    the costs are `MeasuredCost`, learnt from the time between one `plan` and the next (the round's proposal, its
+    verification and Transformers' bookkeeping), with `cost` and `drafter_cost` as the prior.
 
     A pessimistic estimate would never be corrected if no source were tried again, so after `probe_after` plain rounds
     in a row the best proposal there is is tried once (the interval doubles after a probe whose first draft fails, up
@@ -133,14 +229,18 @@ class CostAwarePolicy:
         suffix_session=None,
         *,
         drafter_cost: float = 0.1,
+        measured: bool = False,
         max_suffix_drafts: int = 16,
         decay: float = 0.98,
         probe_after: int = 2,
         max_probe_after: int = 32,
     ):
-        self.block_size, self.max_length, self.cost = block_size, max_length, cost
+        self.block_size, self.max_length = block_size, max_length
         self.suffix = suffix_session
-        self.drafter_cost = drafter_cost
+        self.cost = ModelledCost(cost, {"draft": drafter_cost})
+        if measured:
+            anchors = [(None, 0), ("lookup", 1), ("lookup", max_suffix_drafts), ("draft", 1), ("draft", block_size - 1)]
+            self.cost = MeasuredCost(self.cost, anchors)
         self.confidence = None  # no confidence cut: the length is chosen here
         self.lookup_drafts = max_suffix_drafts if suffix_session is not None else None
         self.estimates = {"draft": AcceptanceEstimate(block_size - 1, decay=decay)}
@@ -150,21 +250,27 @@ class CostAwarePolicy:
         self.probe_after, self.max_probe_after = probe_after, max_probe_after
         self.interval = probe_after
         self.plain_streak = 0
-        self.last: tuple[str, int] | None = None  # (source, drafts) of the round just verified
+        self.last: tuple[str | None, int] | None = None  # (source, drafts) of the round just verified
+        self.started: float | None = None  # when the round just verified was planned (measured costs)
         self.probing = False
         self.choices: list[Choice] = []  # one per planned round (statistics; the benchmark reads them)
 
     def plan(self, input_ids: torch.LongTensor, first_draft_accepted: bool, accepted_drafts: int | None = None):
         from .generation import RoundPlan
 
+        now = time.perf_counter()
         if accepted_drafts is None:
             accepted_drafts = int(first_draft_accepted)  # a lower bound when only the first draft's fate is known
         if self.last is not None:
             source, drafted = self.last
-            self.estimates[source].observe(drafted, accepted_drafts)
-            if self.probing:
-                self.interval = self.probe_after if accepted_drafts > 0 else min(2 * self.interval, self.max_probe_after)
-        self.last, self.probing = None, False
+            if isinstance(self.cost, MeasuredCost) and self.started is not None:
+                self.cost.record(source, drafted, now - self.started)
+            if source is not None:
+                self.estimates[source].observe(drafted, accepted_drafts)
+                if self.probing:
+                    self.interval = (self.probe_after if accepted_drafts > 0
+                                     else min(2 * self.interval, self.max_probe_after))  # fmt: skip
+        self.last, self.probing, self.started = None, False, now
         room = self.max_length - input_ids.shape[1] - 1
         if room <= 0:
             return RoundPlan("end")
@@ -177,16 +283,15 @@ class CostAwarePolicy:
             if proposal is not None:
                 suffix_drafts = proposal.tokens
                 available["lookup"] = len(suffix_drafts)
-        choice = best_proposal(self.estimates, available, self.cost, {"draft": self.drafter_cost})
+        choice = best_proposal(self.estimates, available, self.cost)
         if choice.source is None and self.plain_streak + 1 >= self.interval:  # a probe: the best proposal there is
-            costs = {"draft": self.drafter_cost}
-            choice, self.probing = best_proposal(self.estimates, available, self.cost, costs, drafts_only=True), True
+            choice, self.probing = best_proposal(self.estimates, available, self.cost, drafts_only=True), True
         self.choices.append(choice)
+        self.last = (choice.source, choice.drafts)
         if choice.source is None:
             self.plain_streak += 1
             return RoundPlan("plain")
         self.plain_streak = 0
-        self.last = (choice.source, choice.drafts)
         if choice.source == "lookup":
             drafts = torch.tensor(suffix_drafts[: choice.drafts], dtype=input_ids.dtype, device=input_ids.device)
             return RoundPlan("lookup", drafts=drafts)
@@ -251,4 +356,13 @@ def calibrate(
     return cost
 
 
-__all__ = ["AcceptanceEstimate", "Choice", "CostAwarePolicy", "VerificationCost", "best_proposal", "calibrate"]
+__all__ = [
+    "AcceptanceEstimate",
+    "Choice",
+    "CostAwarePolicy",
+    "MeasuredCost",
+    "ModelledCost",
+    "VerificationCost",
+    "best_proposal",
+    "calibrate",
+]

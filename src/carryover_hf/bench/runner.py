@@ -1,7 +1,9 @@
 """`run_benchmark`: every method on the same prompts in one process, interleaved per prompt, with a correctness gate.
 
 Methods (see `METHOD_KINDS`): the target alone, Transformers' prompt lookup decoding, and per drafter: Transformers'
-native DFlash path with the drafter's weights, the drafter with its carry segment off, and with it on. For each
+native DFlash path with the drafter's weights, the drafter with its carry segment off and with it on (full blocks
+every round), the drafter's own rule-based proposal defaults (`rules`: its lookup, backoffs and confidence cut) and
+the cost-aware round policy (`policy`: `round_policy="cost"`). For each
 prompt all methods run back to back, starting at a different method for each prompt, so that machine drift and
 warm caches affect all of them alike.
 
@@ -39,7 +41,7 @@ from .overhead import check_new_context_rows
 from .prompts import Prompt, encode_prompt
 
 GLOBAL_METHODS = ("target", "prompt_lookup")
-DRAFTER_METHODS = ("dflash_native", "carry_off", "carry_on")
+DRAFTER_METHODS = ("dflash_native", "carry_off", "carry_on", "rules", "policy")
 METHOD_KINDS = GLOBAL_METHODS + DRAFTER_METHODS
 # Default greedy tie tolerance (in logits) per dtype: 0 means outputs must be token-identical.
 DEFAULT_TIE_TOLERANCE = {"float32": 0.0, "float64": 0.0, "bfloat16": 1.0, "float16": 0.25}
@@ -105,6 +107,12 @@ class BenchmarkSettings:
                   "'carry/carry_on*' 'base/carry_off'), out of everything the options above make; the target alone "
                   "always runs. Default: all."},
     )
+    verification_cost: str | None = field(
+        default=None,
+        metadata={"help": "Verification cost of the 'policy' methods: unset (measured from each call's own rounds), "
+                  "'calibrate', 'flat' (every forward costs one step, as on a GPU) or comma-separated relative costs "
+                  "of verifying 0, 1, 2, ... drafts."},
+    )
     overhead: bool = field(default=True, metadata={"help": "Measure the carry overhead of each drafter in isolation."})
     overhead_context_lengths: list[int] = field(
         default_factory=lambda: [128, 512, 2048], metadata={"help": "Context lengths of the overhead measurement."}
@@ -156,9 +164,25 @@ class BenchmarkSettings:
             raise ValueError(f"lookup_backoffs must be at least 1 round, got {bad}")
         if self.lookup_backoffs and not self.lookup_drafts:
             raise ValueError("lookup_backoffs hold back a context lookup: give --lookup_drafts too")
+        verification_cost(self)
         for pair in self.compare:
             if len(pair.split(",")) != 2:
                 raise ValueError(f"--compare takes 'A,B' (two method names), got {pair!r}")
+
+
+def verification_cost(settings: BenchmarkSettings) -> str | list[float] | None:
+    """`--verification_cost` as `generate` takes it (checked: a clear error before any model is loaded)."""
+    value = settings.verification_cost
+    if value in (None, "calibrate", "flat"):
+        return value
+    try:
+        costs = [float(v) for v in value.split(",")]
+    except ValueError:
+        costs = []
+    if len(costs) < 2 or min(costs) <= 0:
+        raise ValueError(f"--verification_cost must be 'calibrate', 'flat' or at least two positive numbers 'c0,c1,..."
+                         f"', got {value!r}")  # fmt: skip
+    return costs
 
 
 @dataclass
@@ -193,7 +217,11 @@ class Method:
             # 0 turns the adaptive length off whatever the drafter's config says.
             return {"use_carryover": bool(self.use_carryover), "draft_confidence_threshold": self.confidence_threshold or 0.0,
                     "proposal_backoff": self.proposal_backoff or 0, "lookup_drafts": self.lookup_drafts or 0,
-                    "lookup_backoff": self.lookup_backoff or 0}
+                    "lookup_backoff": self.lookup_backoff or 0, "round_policy": "rules"}
+        if self.kind == "rules":  # the drafter's own proposal defaults, under the rule-based policy
+            return {"round_policy": "rules"}
+        if self.kind == "policy":
+            return {"round_policy": "cost", "verification_cost": verification_cost(settings)}
         return {}
 
     def describe(self) -> dict[str, Any]:
@@ -465,6 +493,8 @@ def build_methods(
                 methods.append(
                     Method(label, kind, name, drafter, carry, threshold and float(threshold), backoff, lookup, lookup_backoff)
                 )
+        # The drafter's own defaults (carry included) under each round policy: what a plain generate call runs.
+        methods += [Method(f"{name}/{kind}", kind, name, drafter) for kind in ("rules", "policy") if kind in settings.methods]
     if settings.keep_methods:
         names = [m.name for m in methods] + [s["name"] for s in skipped]
         unmatched = [p for p in settings.keep_methods if not fnmatch.filter(names, p)]
@@ -480,11 +510,13 @@ def build_methods(
 
 
 def default_comparisons(methods: Sequence[Method], drafter_names: Sequence[str]) -> list[tuple[str, str]]:
-    """Carry on vs off per drafter; off vs native DFlash; and each later drafter against each earlier one."""
+    """Carry on vs off per drafter; off vs native DFlash; the cost-aware policy against the rules and full blocks; and
+    each later drafter against each earlier one."""
     names = {m.name for m in methods}
     pairs = []
     for d in drafter_names:
         pairs += [(f"{d}/carry_on", f"{d}/carry_off"), (f"{d}/carry_off", f"{d}/dflash_native")]
+        pairs += [(f"{d}/policy", f"{d}/rules"), (f"{d}/policy", f"{d}/carry_on")]
         # Adaptive proposal length and backoff against the same method with the full block, every round.
         pairs += [(m.name, f"{d}/{m.kind}") for m in methods
                   if m.drafter_name == d and (m.confidence_threshold or m.proposal_backoff or m.lookup_drafts)]  # fmt: skip
