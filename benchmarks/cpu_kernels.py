@@ -1,4 +1,4 @@
-"""What a target forward over k new tokens costs with PyTorch's defaults and with `carryover_hf.cpu_kernels`.
+"""What a target forward over k new tokens costs with PyTorch's defaults and with `carryover_hf.tools.cpu_kernels`.
 
 Four configurations of one model in one process: `default` (`nn.Linear` on MKL, Transformers' `sdpa`), `onednn`
 (`PackedLinear` on oneDNN for every row count, same attention), `onednn_grouped` (the same with
@@ -16,7 +16,7 @@ steps on the same context, and whether their argmaxes agree (greedy verification
 kernel built from FILE (an earlier revision of csrc/skinny_linear.c), so a kernel change is measured against its
 predecessor in one process:
 
-    git show a00ea24~1:src/carryover_hf/csrc/skinny_linear.c > /tmp/skinny_before.c
+    git show a00ea24~1:src/carryover_hf/tools/csrc/skinny_linear.c > /tmp/skinny_before.c
     python benchmarks/cpu_kernels.py --threads 1 --skinny_baseline /tmp/skinny_before.c --output ...
 """
 
@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from carryover_hf import cpu_kernels
-from carryover_hf.cpu_kernels import (
+from carryover_hf.tools import cpu_kernels
+from carryover_hf.tools.cpu_kernels import (
     PackedLinear,
     pack_linears,
     packed_linears_available,

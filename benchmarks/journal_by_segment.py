@@ -15,7 +15,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from carryover_hf.bench.journal import read_journal
+from carryover_hf.tools.bench.journal import read_journal
 
 
 def by_segment(journal: Path) -> list[dict]:

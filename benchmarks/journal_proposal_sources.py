@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from carryover_hf.bench.journal import read_journal
+from carryover_hf.tools.bench.journal import read_journal
 
 KINDS = ("plain", "lookup", "drafter")
 PROPOSING = KINDS[1:]  # the kinds whose cost is fitted; a plain round costs one target step

@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModel
 
 import carryover_hf  # noqa: F401  (registers the drafter classes, installs the generation hook)
-from carryover_hf.cpu_kernels import pack_linears, packed_linears_available
+from carryover_hf.tools.cpu_kernels import pack_linears, packed_linears_available
 from carryover_hf.generation import RoundObserver, declare_generation_options, observing_rounds
 from carryover_hf.targets import load_target
 

@@ -80,7 +80,7 @@ def _drafter(target, seed=0, draft_ids=None, init_layer=None, init_norm=False, b
 
 
 def _rows(count: int, skip: int = 0):
-    from carryover_hf.data import load_regenerated
+    from carryover_hf.tools.data import load_regenerated
 
     rows = load_regenerated(DATASET)
     return rows.select(range(skip, skip + count))

@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(summary))
         return 0 if manifest["complete"] else 1
 
-    from carryover_hf.data.regenerate import RegenerationConfig, regenerate
+    from carryover_hf.tools.data.regenerate import RegenerationConfig, regenerate
 
     (config,) = HfArgumentParser(RegenerationConfig).parse_args_into_dataclasses(args=rest)
     model, tokenizer = load_target(config.target, dtype=config.dtype, device=device)

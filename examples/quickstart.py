@@ -17,7 +17,7 @@ from transformers import GenerationConfig
 
 import carryover_hf  # noqa: F401  (registers the drafter and routes generate() to it)
 from carryover_hf import CarryoverDrafterConfig, CarryoverDrafterModel
-from carryover_hf.tiny import tiny_target
+from carryover_hf.tools.tiny import tiny_target
 from carryover_hf.training import CarryoverTrainer, CarryoverTrainingArguments
 from carryover_hf.training.synthetic import regenerate_random_prompts
 

@@ -55,7 +55,7 @@ def parse_args() -> argparse.Namespace:
 
 def load_target(name: str):
     if name == "tiny":
-        from carryover_hf.tiny import tiny_target
+        from carryover_hf.tools.tiny import tiny_target
 
         return tiny_target("llama", vocab_size=128, hidden_size=64, num_hidden_layers=4, seed=0), None
     from carryover_hf.targets import load_target as load

@@ -77,7 +77,7 @@ def main() -> None:
         Old = load_old_drafter_class(args.before_commit, Path(folder))
         old = Old.from_pretrained(args.drafter, dtype=torch.float32).eval()
     if args.draft_vocab_size:
-        from carryover_hf.data import load_regenerated
+        from carryover_hf.tools.data import load_regenerated
         from carryover_hf.training.vocabulary import draft_vocabulary, response_token_counts
 
         counts = response_token_counts(load_regenerated(ROOT / "assets/train/smollm2-135m"), new.config.vocab_size)

@@ -6,7 +6,7 @@ time too, so each proposal streamed the head's weight (8,192 x 576 float32 for t
 row; now the head term of all rows is one product (only the transition term goes row by row). Both are the same
 `propose`: `HEAD_CHUNK_ELEMENTS = 1` gives back the row-by-row head exactly (one row per product).
 
-Each timed proposal is one greedy round of `generate` (`carryover_hf.bench.overhead.RecordedRound`: the round's new
+Each timed proposal is one greedy round of `generate` (`carryover_hf.tools.bench.overhead.RecordedRound`: the round's new
 context row, B-1 carry rows when the drafter carries, the greedy drafts) right after a target 1-token step on the same
 context, as in generation; the two variants take turns going first, at each context length, in one process.
 
@@ -25,11 +25,11 @@ from tqdm.auto import tqdm
 
 import carryover_hf
 from carryover_hf import modeling_carryover
-from carryover_hf.bench.overhead import RecordedRound, record_features
-from carryover_hf.bench.prompts import encode_prompt, load_prompts
-from carryover_hf.bench.report import machine
-from carryover_hf.bench.stats import bootstrap_interval, ratio_of_sums
-from carryover_hf.cpu_kernels import apply_cpu_kernels
+from carryover_hf.tools.bench.overhead import RecordedRound, record_features
+from carryover_hf.tools.bench.prompts import encode_prompt, load_prompts
+from carryover_hf.tools.bench.report import machine
+from carryover_hf.tools.bench.stats import bootstrap_interval, ratio_of_sums
+from carryover_hf.tools.cpu_kernels import apply_cpu_kernels
 from carryover_hf.targets import load_target
 
 VARIANTS = {"row_by_row": 1, "batched": modeling_carryover.HEAD_CHUNK_ELEMENTS}  # HEAD_CHUNK_ELEMENTS of each

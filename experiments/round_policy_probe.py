@@ -3,7 +3,7 @@ import json, sys, time
 import torch
 torch.set_num_threads(1)
 import carryover_hf
-from carryover_hf.bench.prompts import encode_prompt, load_prompts
+from carryover_hf.tools.bench.prompts import encode_prompt, load_prompts
 from carryover_hf.generation import declare_generation_options
 from carryover_hf.round_policy import calibrate
 from carryover_hf.targets import load_target

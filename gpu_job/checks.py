@@ -14,7 +14,7 @@ import torch
 import carryover_hf  # noqa: F401  (installs the generate hook)
 from carryover_hf.compatibility import ASSISTED_LOOP_CROPS_AT_EOS
 from carryover_hf.generation import declare_generation_options
-from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+from carryover_hf.tools.testing import skew_towards_token, tiny_drafter, tiny_target
 
 
 KINDS = ("dflash", "markov")

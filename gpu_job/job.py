@@ -237,7 +237,7 @@ class Job:
         except StageError as error:
             if "time" not in str(error):
                 raise
-        from carryover_hf.data.regenerate import STATE_FILE
+        from carryover_hf.tools.data.regenerate import STATE_FILE
 
         state = self.runs / "regenerated" / STATE_FILE
         summary = json.loads(state.read_text()).get("summary", {}) if state.exists() else {}
@@ -278,7 +278,7 @@ class Job:
         import torch
 
         import carryover_hf  # noqa: F401  (the generate hook)
-        from carryover_hf.bench.prompts import load_prompts
+        from carryover_hf.tools.bench.prompts import load_prompts
         from carryover_hf.targets import load_target
         from checks import bf16_divergence
         from transformers import AutoModel

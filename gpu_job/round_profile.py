@@ -35,7 +35,7 @@ def _build(shape: str, device: str, dtype: torch.dtype, max_positions: int):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     from carryover_hf import CarryoverDrafterConfig, CarryoverDrafterModel
-    from carryover_hf.testing import tiny_drafter, tiny_target
+    from carryover_hf.tools.testing import tiny_drafter, tiny_target
 
     if shape == "tiny":
         target = tiny_target("qwen3", vocab_size=256, max_position_embeddings=max_positions, dtype=dtype).to(device)
@@ -169,7 +169,7 @@ def round_profile(
     """
     import transformers
 
-    from carryover_hf.bench.overhead import RecordedRound, record_features
+    from carryover_hf.tools.bench.overhead import RecordedRound, record_features
     from carryover_hf.features import hidden_state_indices
     from carryover_hf.generation import declare_generation_options
     from carryover_hf.utils import device_synchronizer

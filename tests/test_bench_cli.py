@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from carryover_hf.bench.cli import _drafter_spec, main
-from carryover_hf.bench.overhead import measure_carry_overhead
-from carryover_hf.bench.prompts import Prompt, encode_prompt, load_prompts
-from carryover_hf.testing import tiny_drafter, tiny_target
+from carryover_hf.tools.bench.cli import _drafter_spec, main
+from carryover_hf.tools.bench.overhead import measure_carry_overhead
+from carryover_hf.tools.bench.prompts import Prompt, encode_prompt, load_prompts
+from carryover_hf.tools.testing import tiny_drafter, tiny_target
 
 
 def _write_suite(path, rows):
@@ -203,8 +203,8 @@ def test_overhead_proposals_fuse_the_new_context_rows_a_round_brings(monkeypatch
 
 
 def test_text_prompts_go_through_the_chat_template_end_to_end(tmp_path):
-    from carryover_hf.bench import BenchmarkSettings, run_benchmark
-    from carryover_hf.data import tiny_chat_tokenizer
+    from carryover_hf.tools.bench import BenchmarkSettings, run_benchmark
+    from carryover_hf.tools.data import tiny_chat_tokenizer
 
     tokenizer = tiny_chat_tokenizer()
     prompt = Prompt("t0", category="qa", text="What is the capital of France?")
@@ -227,7 +227,7 @@ def test_text_prompts_go_through_the_chat_template_end_to_end(tmp_path):
 
 
 def test_suite_names_resolve_to_the_shipped_suites(tmp_path):
-    from carryover_hf.bench.prompts import default_suite_dir, resolve_suite
+    from carryover_hf.tools.bench.prompts import default_suite_dir, resolve_suite
     from carryover_hf.resources import PROMPT_SUITES_DIR
 
     assert default_suite_dir() == PROMPT_SUITES_DIR and (PROMPT_SUITES_DIR / "manifest.json").is_file()

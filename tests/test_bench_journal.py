@@ -5,12 +5,12 @@ import json
 import pytest
 import torch
 
-from carryover_hf.bench import BenchmarkSettings, run_benchmark, tiny_prompts
-from carryover_hf.bench import runner as runner_module
-from carryover_hf.bench.journal import FILE_NAME, JournalError
-from carryover_hf.bench.prompts import Prompt
-from carryover_hf.bench.report import machine
-from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+from carryover_hf.tools.bench import BenchmarkSettings, run_benchmark, tiny_prompts
+from carryover_hf.tools.bench import runner as runner_module
+from carryover_hf.tools.bench.journal import FILE_NAME, JournalError
+from carryover_hf.tools.bench.prompts import Prompt
+from carryover_hf.tools.bench.report import machine
+from carryover_hf.tools.testing import skew_towards_token, tiny_drafter, tiny_target
 
 VOCAB = 32
 
@@ -105,7 +105,7 @@ def test_each_invocation_records_its_machine_and_a_mixed_run_says_so(models, tmp
     _bench(models, out, resume=True, time_limit=0.0)  # a report of the journaled groups: one machine so far
     assert "more than one machine" not in (out / "results.md").read_text()
 
-    monkeypatch.setattr("carryover_hf.bench.report.machine", lambda device: "Other CPU @ 1.00GHz")
+    monkeypatch.setattr("carryover_hf.tools.bench.report.machine", lambda device: "Other CPU @ 1.00GHz")
     report = _bench(models, out, resume=True)
     assert [s["machine"] for s in report["progress"]["segments"]] == [first["machine"], "Other CPU @ 1.00GHz"]
     assert report["environment"]["machine"] == "Other CPU @ 1.00GHz"
@@ -172,7 +172,7 @@ def test_shards_fill_one_journal_to_what_one_run_measures(models, tmp_path):
 
 def _append_groups(path: str, worker: int, count: int) -> None:
     """One of several processes recording fake groups into one journal at once."""
-    from carryover_hf.bench.journal import RunJournal
+    from carryover_hf.tools.bench.journal import RunJournal
 
     header = json.loads(open(path).readline())
     journal = RunJournal.open(path.rsplit("/", 1)[0], header["measures"], resume=True)
@@ -183,7 +183,7 @@ def _append_groups(path: str, worker: int, count: int) -> None:
 def test_processes_sharing_a_journal_lose_and_garble_nothing(tmp_path):
     import multiprocessing
 
-    from carryover_hf.bench.journal import RunJournal, read_journal
+    from carryover_hf.tools.bench.journal import RunJournal, read_journal
 
     RunJournal.open(tmp_path, {"settings": {"x": 1}})
     # fork: the children touch no torch state, and start in milliseconds (spawn re-imports torch in each)
@@ -233,7 +233,7 @@ def test_a_drafters_fingerprint_is_its_config_and_weights():
 
 def _open_new_journal(output_dir: str, start) -> None:
     """One of several shards opening the same journal the moment `start` fires (none exists yet)."""
-    from carryover_hf.bench.journal import RunJournal
+    from carryover_hf.tools.bench.journal import RunJournal
 
     start.wait(30)
     RunJournal.open(output_dir, {"settings": {"x": 1}}, resume=True)
@@ -244,7 +244,7 @@ def test_shards_creating_one_journal_at_once_all_open_it(tmp_path):
     that lose the race read a complete header (an empty file made them fail with 'not a benchmark journal')."""
     import multiprocessing
 
-    from carryover_hf.bench.journal import read_journal
+    from carryover_hf.tools.bench.journal import read_journal
 
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     for attempt in range(5):

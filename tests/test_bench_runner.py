@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import carryover_hf
-from carryover_hf.bench import BenchmarkSettings, CorrectnessError, check_greedy_output, run_benchmark, tiny_prompts
-from carryover_hf.bench import runner as runner_module
+from carryover_hf.tools.bench import BenchmarkSettings, CorrectnessError, check_greedy_output, run_benchmark, tiny_prompts
+from carryover_hf.tools.bench import runner as runner_module
 from carryover_hf.hub.native import NativeDFlashUnavailable, to_native_dflash
-from carryover_hf.bench.runner import Method, run_method
-from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+from carryover_hf.tools.bench.runner import Method, run_method
+from carryover_hf.tools.testing import skew_towards_token, tiny_drafter, tiny_target
 
 VOCAB = 32
 TEMPERATURES = [0.0, 1.0]
@@ -368,7 +368,7 @@ def test_lookup_drafts_must_be_positive():
 
 
 def test_lookup_backoff_methods(models):
-    from carryover_hf.bench.runner import _measures, build_methods, default_comparisons
+    from carryover_hf.tools.bench.runner import _measures, build_methods, default_comparisons
 
     target, drafters = models
     base = dict(methods=["target", "carry_on"], lookup_drafts=[6], overhead=False, warmup=0)
@@ -393,7 +393,7 @@ def test_lookup_backoff_methods(models):
 
 
 def test_keep_methods_trims_the_cross_product_of_variants(models):
-    from carryover_hf.bench.runner import build_methods
+    from carryover_hf.tools.bench.runner import build_methods
 
     _, drafters = models
     settings = BenchmarkSettings(methods=["target", "prompt_lookup", "dflash_native", "carry_off", "carry_on"],

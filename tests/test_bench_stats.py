@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from carryover_hf.bench import stats
+from carryover_hf.tools.bench import stats
 
 
 def test_micro_and_per_prompt_acceptance_differ_as_defined():

@@ -6,7 +6,7 @@ from transformers import GenerationConfig
 
 import carryover_hf  # noqa: F401
 from carryover_hf.features import gather_target_features, hidden_state_indices
-from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+from carryover_hf.tools.testing import skew_towards_token, tiny_drafter, tiny_target
 
 
 ATOL = 1e-5  # fp32: incremental and from-scratch passes differ only by summation order

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from carryover_hf import cli
+from carryover_hf.tools import cli
 from carryover_hf.errors import InputNotFoundError, UsageError
 
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import carryover_hf  # noqa: F401  (installs the generation hook)
-from carryover_hf.cpu_kernels import (
+from carryover_hf.tools.cpu_kernels import (
     GROUPED_ATTENTION,
     PackedLinear,
     apply_cpu_kernels,
@@ -20,7 +20,7 @@ from carryover_hf.cpu_kernels import (
     use_grouped_attention,
     use_skinny_linear,
 )
-from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+from carryover_hf.tools.testing import skew_towards_token, tiny_drafter, tiny_target
 
 
 pytestmark = pytest.mark.skipif(not packed_linears_available(), reason="this PyTorch build has no oneDNN")
@@ -187,7 +187,7 @@ def test_grouped_attention_gives_the_same_forward(architecture):
 
 
 def test_grouped_attention_folds_only_masked_multi_row_queries(monkeypatch):
-    import carryover_hf.cpu_kernels as kernels
+    import carryover_hf.tools.cpu_kernels as kernels
 
     target = tiny_target("qwen3", vocab_size=32, seed=1)
     use_grouped_attention(target)
@@ -254,7 +254,7 @@ def test_skinny_linear_matches_linear(rows, width):
 
 @skinny
 def test_packed_linear_sends_2_to_12_rows_at_one_thread_to_the_skinny_kernel(monkeypatch):
-    import carryover_hf.cpu_kernels as kernels
+    import carryover_hf.tools.cpu_kernels as kernels
 
     linear = _linear(out_features=64, in_features=40)
     packed = PackedLinear.wrap(linear)
@@ -278,7 +278,7 @@ def test_packed_linear_sends_2_to_12_rows_at_one_thread_to_the_skinny_kernel(mon
 
 
 def test_skinny_kernel_build_failure_says_why(monkeypatch, tmp_path):
-    import carryover_hf.cpu_kernels as kernels
+    import carryover_hf.tools.cpu_kernels as kernels
 
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     monkeypatch.setenv("CARRYOVER_HF_CACHE", str(tmp_path))

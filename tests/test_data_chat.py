@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from carryover_hf.data.chat import (
+from carryover_hf.tools.data.chat import (
     SMOLLM2_CHAT_TEMPLATE,
     assemble_conversation,
     build_messages,

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from carryover_hf.data import tiny_chat_tokenizer
-from carryover_hf.data.cli import main as prompts_main
-from carryover_hf.data.reading import reading_row, reading_rows, write_reading
-from carryover_hf.testing import tiny_target
+from carryover_hf.tools.data import tiny_chat_tokenizer
+from carryover_hf.tools.data.cli import main as prompts_main
+from carryover_hf.tools.data.reading import reading_row, reading_rows, write_reading
+from carryover_hf.tools.testing import tiny_target
 from carryover_hf.training.cli import load_rows
 from carryover_hf.training.feature_store import FeatureBuildConfig, FeatureStore, build_features
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from carryover_hf.data import regenerate as regen
-from carryover_hf.data.chat import first_prompt_ids, tiny_chat_tokenizer
-from carryover_hf.data.regenerate import RegenerationConfig, RegenerationError, load_regenerated, regenerate
-from carryover_hf.testing import tiny_target
+from carryover_hf.tools.data import regenerate as regen
+from carryover_hf.tools.data.chat import first_prompt_ids, tiny_chat_tokenizer
+from carryover_hf.tools.data.regenerate import RegenerationConfig, RegenerationError, load_regenerated, regenerate
+from carryover_hf.tools.testing import tiny_target
 
 CATS = ["writing", "mt_bench", "qa"]
 
@@ -45,13 +45,14 @@ def _stop_by_position(target, eos: int, period: int = 4):
     varied lengths (1 to `period` tokens) that are the same under `generate` and batched decoding."""
     forward = target.forward
 
-    def stopping_forward(input_ids=None, attention_mask=None, past_key_values=None, **kwargs):
+    def stopping_forward(input_ids=None, attention_mask=None, **kwargs):
         if attention_mask is not None:  # tokens seen so far = position of the predicted token
             next_position = attention_mask.sum(-1)
-        else:  # no padding (`generate` on one row may pass no mask)
-            seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+        else:  # no padding: `generate` on one row may pass no mask (Transformers 5.25 passes none to this wrapper)
+            cache = kwargs.get("past_key_values", kwargs.get("cache"))  # 5.25's generate names the cache `cache`
+            seen = cache.get_seq_length() if cache is not None else 0
             next_position = torch.full((input_ids.shape[0],), seen + input_ids.shape[1])
-        output = forward(input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
+        output = forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         stop = (next_position % period == 0).to(output.logits.device)
         output.logits[stop, -1, :] = -torch.inf
         output.logits[stop, -1, eos] = 0.0

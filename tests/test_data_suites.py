@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from carryover_hf.data import suites
-from carryover_hf.data.suites import (
+from carryover_hf.tools.data import suites
+from carryover_hf.tools.data.suites import (
     CATEGORIES,
     EVAL_SIZES,
     MIN_TRAIN_SIZE,

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from carryover_hf import targets
-from carryover_hf.data.chat import SMOLLM2_CHAT_TEMPLATE, tiny_chat_tokenizer
+from carryover_hf.tools.data.chat import SMOLLM2_CHAT_TEMPLATE, tiny_chat_tokenizer
 from carryover_hf.targets import TargetLoadingError, check_model_folder, load_target, load_target_tokenizer
-from carryover_hf.testing import tiny_target
+from carryover_hf.tools.testing import tiny_target
 
 
 @pytest.fixture(scope="module")

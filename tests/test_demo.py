@@ -6,9 +6,10 @@ import huggingface_hub.constants
 import pytest
 from transformers import AutoModel
 
-from carryover_hf import CarryoverDrafterModel, demo
-from carryover_hf.bench.prompts import tiny_prompts
-from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+from carryover_hf import CarryoverDrafterModel
+from carryover_hf.tools import demo
+from carryover_hf.tools.bench.prompts import tiny_prompts
+from carryover_hf.tools.testing import skew_towards_token, tiny_drafter, tiny_target
 
 
 def test_demo_reports_identical_greedy_outputs_speedup_and_acceptance():

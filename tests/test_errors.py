@@ -7,7 +7,7 @@ from transformers.modeling_outputs import CausalLMOutput
 
 import carryover_hf  # noqa: F401
 from carryover_hf import CarryoverDrafterConfig, CarryoverDrafterModel, DrafterTargetMismatchError
-from carryover_hf.testing import tiny_drafter, tiny_target
+from carryover_hf.tools.testing import tiny_drafter, tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -188,11 +188,11 @@ def test_unsupported_transformers_version_is_named_at_import(monkeypatch):
     from carryover_hf.compatibility import ALLOW_UNSUPPORTED_ENV, check_transformers_version
 
     monkeypatch.delenv(ALLOW_UNSUPPORTED_ENV, raising=False)
-    for version in ("5.17.0", "5.20.1", "5.23.0"):
+    for version in ("5.17.0", "5.20.1", "5.23.0", "5.24.0", "5.25.0"):
         check_transformers_version(version)
-    for version in ("5.16.1", "5.24.0", "5.25.0", "6.0.0"):
-        with pytest.raises(ImportError, match=rf"supports Transformers >=5.17,<5.24, but {version} is installed.*pip install"):
+    for version in ("5.16.1", "5.26.0", "6.0.0"):
+        with pytest.raises(ImportError, match=rf"supports Transformers >=5.17,<5.26, but {version} is installed.*pip install"):
             check_transformers_version(version)
     monkeypatch.setenv(ALLOW_UNSUPPORTED_ENV, "1")
     with pytest.warns(UserWarning, match="supports Transformers"):
-        check_transformers_version("5.25.0")
+        check_transformers_version("5.26.0")

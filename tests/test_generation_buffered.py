@@ -8,7 +8,7 @@ from transformers.cache_utils import DynamicCache
 import carryover_hf  # noqa: F401
 from carryover_hf import modeling_carryover
 from carryover_hf.modeling_carryover import DrafterContextBuffer
-from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+from carryover_hf.tools.testing import skew_towards_token, tiny_drafter, tiny_target
 
 
 ATOL = 1e-5

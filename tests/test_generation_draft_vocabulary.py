@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModel
 
 import carryover_hf  # noqa: F401
-from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+from carryover_hf.tools.testing import skew_towards_token, tiny_drafter, tiny_target
 
 from test_generation_sampling import (
     PROMPT,

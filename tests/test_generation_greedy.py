@@ -7,7 +7,7 @@ import torch
 
 import carryover_hf  # noqa: F401  (installs the generation hook)
 from carryover_hf.compatibility import ASSISTED_LOOP_CROPS_AT_EOS
-from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+from carryover_hf.tools.testing import skew_towards_token, tiny_drafter, tiny_target
 
 
 ARCHITECTURES = ["llama", "qwen3", "gemma"]

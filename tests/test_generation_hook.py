@@ -12,7 +12,7 @@ from transformers.generation.utils import GenerationMixin
 
 import carryover_hf  # noqa: F401
 from carryover_hf import generation
-from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+from carryover_hf.tools.testing import skew_towards_token, tiny_drafter, tiny_target
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from carryover_hf.compatibility import ASSISTED_LOOP_CROPS_AT_EOS
 from carryover_hf.generation import declare_generation_options
 from carryover_hf.modeling_carryover import Proposal
 from carryover_hf.suffix_cache import SuffixCache
-from carryover_hf.testing import skew_towards_token, tiny_drafter, tiny_target
+from carryover_hf.tools.testing import skew_towards_token, tiny_drafter, tiny_target
 
 from test_generation_sampling import assert_matches, exact_distribution, sample_with_drafter
 

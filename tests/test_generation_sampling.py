@@ -24,7 +24,7 @@ from transformers import (
 
 import carryover_hf  # noqa: F401
 from carryover_hf.generation import ConfidenceRule, RoundObserver, observing_rounds
-from carryover_hf.testing import tiny_drafter, tiny_target
+from carryover_hf.tools.testing import tiny_drafter, tiny_target
 
 
 VOCAB, NEW_TOKENS, SAMPLES, ALPHA = 8, 4, 1200, 1e-3
@@ -177,11 +177,11 @@ def test_sampling_keeps_target_distribution_with_lookup_backoff(target, monkeypa
 
 
 def test_sampling_keeps_target_distribution_with_cpu_kernels(target):
-    """Target and drafter on the CPU kernels (`carryover_hf.cpu_kernels`: oneDNN packed linears, grouped-query
+    """Target and drafter on the CPU kernels (`carryover_hf.tools.cpu_kernels`: oneDNN packed linears, grouped-query
     attention for the target): the distribution is still exact."""
     import copy
 
-    from carryover_hf.cpu_kernels import apply_cpu_kernels, packed_linears_available
+    from carryover_hf.tools.cpu_kernels import apply_cpu_kernels, packed_linears_available
 
     if not packed_linears_available():
         pytest.skip("this PyTorch build has no oneDNN")

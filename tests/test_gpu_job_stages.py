@@ -39,8 +39,8 @@ def test_first_difference():
 
 @pytest.fixture(scope="module")
 def chat_pair():
-    from carryover_hf.data.chat import tiny_chat_tokenizer
-    from carryover_hf.testing import tiny_drafter, tiny_target
+    from carryover_hf.tools.data.chat import tiny_chat_tokenizer
+    from carryover_hf.tools.testing import tiny_drafter, tiny_target
 
     tokenizer = tiny_chat_tokenizer()
     target = tiny_target("llama", vocab_size=len(tokenizer), num_hidden_layers=2, seed=3,

@@ -16,7 +16,7 @@ from carryover_hf.configuration_carryover import CarryoverDrafterConfig
 from carryover_hf.hub import render_model_card
 from carryover_hf.hub.card import format_evaluation
 from carryover_hf.hub.local_cache import add_to_hub_cache
-from carryover_hf.testing import tiny_drafter, tiny_target
+from carryover_hf.tools.testing import tiny_drafter, tiny_target
 
 PROMPT_WORDS = ["speculative", "decoding", "works", "by"]
 

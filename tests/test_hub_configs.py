@@ -12,7 +12,7 @@ from carryover_hf.configuration_carryover import default_target_layer_ids
 from carryover_hf.hub import available_hub_configs, init_drafter, load_hub_config
 from carryover_hf.hub.configs import main as init_main
 from carryover_hf.hub.convert import drafter_config_from_checkpoint
-from carryover_hf.testing import tiny_hub_config, tiny_target
+from carryover_hf.tools.testing import tiny_hub_config, tiny_target
 
 
 # Published layouts (see docs/hub.md for the sources): z-lab/Qwen3-4B-DFlash-b16 and z-lab/Qwen3-8B-DFlash-b16,

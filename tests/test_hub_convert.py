@@ -18,7 +18,7 @@ from carryover_hf.hub import CheckpointError, detect_format, export_speculators,
 from carryover_hf.hub.convert import drafter_config_from_checkpoint
 from carryover_hf.hub.convert import main as convert_main
 from carryover_hf.hub.formats import parse_source
-from carryover_hf.testing import save_zlab_checkpoint, tiny_drafter, tiny_target, zlab_config
+from carryover_hf.tools.testing import save_zlab_checkpoint, tiny_drafter, tiny_target, zlab_config
 
 
 VOCAB, HIDDEN, BLOCK = 8, 64, 5

@@ -10,7 +10,7 @@ from transformers import AutoModel, AutoModelForCausalLM
 from carryover_hf import CarryoverDrafterModel, DrafterTargetMismatchError
 from carryover_hf.hub import CheckpointError, import_checkpoint, load_drafter
 from carryover_hf.hub.local_cache import add_to_hub_cache
-from carryover_hf.testing import tiny_drafter, tiny_target
+from carryover_hf.tools.testing import tiny_drafter, tiny_target
 
 
 @pytest.fixture(scope="module")

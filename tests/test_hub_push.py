@@ -12,7 +12,7 @@ from transformers import AutoModel
 
 from carryover_hf.hub import CheckpointError, push_to_hub
 from carryover_hf.hub import push as push_module
-from carryover_hf.testing import tiny_drafter, tiny_target
+from carryover_hf.tools.testing import tiny_drafter, tiny_target
 
 
 @pytest.fixture(scope="module")

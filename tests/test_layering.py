@@ -31,13 +31,7 @@ CORE = (
     "carryover_hf.training",
     "carryover_hf.hub",
 )
-TOOLS = (
-    "carryover_hf.bench",
-    "carryover_hf.data",
-    "carryover_hf.demo",
-    "carryover_hf.testing",
-    "carryover_hf.cpu_kernels",
-)
+TOOLS = ("carryover_hf.tools",)  # the benchmark, the offline data, the demo, the CLI, the test fixtures, the CPU kernels
 # The inference side: it runs without the trainer.
 MODEL = (
     "carryover_hf.configuration_carryover",
@@ -137,19 +131,36 @@ def test_the_model_does_not_import_the_trainer():
 def test_the_import_reader_sees_every_kind_of_import():
     """What the tests above stand on: an import inside a function or a branch counts, relative imports resolve."""
     source = (
-        "import carryover_hf.bench\n"
-        "from .. import testing\n"
+        "import carryover_hf.tools.bench\n"
+        "from ..tools import testing\n"
         "def run():\n"
         "    if True:\n"
-        "        from ..cpu_kernels import apply_cpu_kernels\n"
+        "        from ..tools.cpu_kernels import apply_cpu_kernels\n"
         "    from .cli import main\n"
-        "    importlib.import_module('..data', __name__)\n"
-        "    importlib.import_module('carryover_hf.demo')\n"
+        "    importlib.import_module('..tools.data', __name__)\n"
+        "    importlib.import_module('carryover_hf.tools.demo')\n"
     )
     names = {name for _, name in _imported_names(source, "carryover_hf.training")}
-    assert {"carryover_hf.bench", "carryover_hf.testing", "carryover_hf.cpu_kernels", "carryover_hf.training.cli",
-            "carryover_hf.data", "carryover_hf.demo"} <= names  # fmt: skip
+    assert {"carryover_hf.tools.bench", "carryover_hf.tools.testing", "carryover_hf.tools.cpu_kernels", "carryover_hf.training.cli",
+            "carryover_hf.tools.data", "carryover_hf.tools.demo"} <= names  # fmt: skip
     assert all(_path(module).is_file() for module in CORE + MODEL + TOOLS)  # no entry point renamed away
+
+
+# The package's top level, as the folder layout should show it: the core's modules, training, the Hub artifacts, the
+# tools around them, the real targets and the package data.
+TOP_LEVEL = {
+    "__init__.py", "__main__.py", "py.typed", "compatibility.py", "configuration_carryover.py", "errors.py",
+    "features.py", "generation.py", "masks.py", "modeling_carryover.py", "regenerated.py", "resources.py",
+    "round_policy.py", "suffix_cache.py", "targets.py", "utils.py", "assets", "hub", "tools", "training",
+}  # fmt: skip
+
+
+def test_the_top_level_holds_the_core_and_one_folder_per_concern():
+    present = {p.name for p in ROOT.iterdir() if p.name != "__pycache__"}
+    assert present == TOP_LEVEL, f"unexpected: {sorted(present - TOP_LEVEL)}, missing: {sorted(TOP_LEVEL - present)}"
+    assert not set(CORE) & {f"{PACKAGE}.{p.removesuffix('.py')}" for p in ("tools",)}
+    reached = _reach(["carryover_hf.tools"])  # the tools reach the core, never the other way round (test above)
+    assert "carryover_hf.generation" in reached
 
 
 def _in_a_fresh_python(script: str) -> str:
@@ -176,7 +187,7 @@ def test_importing_the_package_registers_no_attention():
     import sys
     before = registered()
     import carryover_hf
-    print(json.dumps([before, registered(), "carryover_hf.cpu_kernels" in sys.modules]))
+    print(json.dumps([before, registered(), "carryover_hf.tools.cpu_kernels" in sys.modules]))
     """)  # fmt: skip
     before, after, kernels_loaded = json.loads(printed.strip().splitlines()[-1])
     assert after == before
@@ -184,13 +195,13 @@ def test_importing_the_package_registers_no_attention():
 
 
 def test_applying_the_cpu_kernels_registers_their_attention():
-    from carryover_hf.cpu_kernels import packed_linears_available
+    from carryover_hf.tools.cpu_kernels import packed_linears_available
 
     if not packed_linears_available():
         pytest.skip("this PyTorch build has no oneDNN")
     _in_a_fresh_python(REGISTRIES + """
-    from carryover_hf.cpu_kernels import GROUPED_ATTENTION, apply_cpu_kernels
-    from carryover_hf.tiny import tiny_drafter, tiny_target
+    from carryover_hf.tools.cpu_kernels import GROUPED_ATTENTION, apply_cpu_kernels
+    from carryover_hf.tools.tiny import tiny_drafter, tiny_target
 
     assert all(GROUPED_ATTENTION not in names for names in registered())
     target = tiny_target("qwen3", vocab_size=32)

@@ -1,7 +1,7 @@
 """examples/qwen3_4b/recipe.sh: its input checks, its accelerate configs, and a CPU rehearsal of every stage.
 
 The rehearsal (`CARRYOVER_REHEARSAL=1`) swaps the Qwen3-4B target and z-lab's drafter for tiny stand-ins built by
-`carryover_hf.testing.build_rehearsal_hub` into a scratch Hub cache, and runs the same commands in the same order.
+`carryover_hf.tools.testing.build_rehearsal_hub` into a scratch Hub cache, and runs the same commands in the same order.
 It starts a dozen Python processes (about 3 minutes on the shared 2-core machine), so it is marked `slow`, as is
 the FSDP2 test at the end (two processes).
 """
@@ -79,7 +79,7 @@ def test_card_shows_a_value_without_interval_when_a_group_has_one_prompt():
 
 @pytest.mark.parametrize("drafter_dtype, expected", [("float32", torch.float32), ("auto", torch.bfloat16)])
 def test_a_bf16_drafter_is_continued_in_fp32_master_weights(tmp_path, drafter_dtype, expected):
-    from carryover_hf.testing import tiny_drafter, tiny_target
+    from carryover_hf.tools.testing import tiny_drafter, tiny_target
     from carryover_hf.training.cli import ModelArguments, _build_drafter
 
     tiny_drafter(tiny_target("qwen3")).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
@@ -96,7 +96,7 @@ def test_rehearsal_runs_every_stage_end_to_end(tmp_path):
     from transformers import AutoModel
 
     from carryover_hf.hub import detect_format
-    from carryover_hf.testing import REHEARSAL_LAYER_IDS, REHEARSAL_TARGET, REHEARSAL_ZLAB_DRAFTER
+    from carryover_hf.tools.testing import REHEARSAL_LAYER_IDS, REHEARSAL_TARGET, REHEARSAL_ZLAB_DRAFTER
     from carryover_hf.training.cli import load_rows
     from carryover_hf.training.feature_store import FeatureStore
 
@@ -186,7 +186,7 @@ def test_rehearsal_runs_every_stage_end_to_end(tmp_path):
 # One optimizer step of a drafter sharded with PyTorch's FSDP2 (`fully_shard` per CarryoverDrafterLayer, then the
 # root: the wrapping accelerate-8gpu-fsdp.yaml asks for) over 2 gloo processes, or unsharded in 1 process.
 FSDP2_STEP = """import os, sys, json, torch, torch.distributed as dist
-from carryover_hf.testing import tiny_target, tiny_drafter
+from carryover_hf.tools.testing import tiny_target, tiny_drafter
 from carryover_hf.training.synthetic import regenerate_random_prompts
 from carryover_hf.training.collator import CarryoverDataCollator
 from carryover_hf.training.objectives import DrafterObjective
@@ -241,7 +241,7 @@ def test_fsdp2_sharded_drafter_matches_one_process(tmp_path, objective):
     the same 8 rows, and the gathered full checkpoint loads with AutoModel and equals the one-process step."""
     from transformers import AutoModel
 
-    from carryover_hf.testing import tiny_drafter, tiny_target
+    from carryover_hf.tools.testing import tiny_drafter, tiny_target
 
     script = tmp_path / "fsdp2_step.py"
     script.write_text(FSDP2_STEP)

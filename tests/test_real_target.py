@@ -8,7 +8,7 @@ import torch
 
 import carryover_hf  # noqa: F401
 from carryover_hf import CarryoverDrafterConfig, CarryoverDrafterModel
-from carryover_hf.bench.prompts import default_suite_dir, load_prompts
+from carryover_hf.tools.bench.prompts import default_suite_dir, load_prompts
 from carryover_hf.targets import TargetLoadingError, find_smollm2_gguf, load_target
 
 

@@ -11,7 +11,7 @@ from carryover_hf.round_policy import (
     best_proposal,
     calibrate,
 )
-from carryover_hf.testing import tiny_target
+from carryover_hf.tools.testing import tiny_target
 
 
 def _estimate(rate: float, rounds: int = 200, max_drafts: int = 8) -> AcceptanceEstimate:

@@ -14,7 +14,7 @@ from transformers import AutoModel
 
 from carryover_hf import CarryoverDrafterModel
 from carryover_hf.configuration_carryover import PROPOSAL_DEFAULTS as OPTIONS
-from carryover_hf.demo import DEFAULT_DRAFTER, SHIPPED_DRAFTERS, resolve_drafter
+from carryover_hf.tools.demo import DEFAULT_DRAFTER, SHIPPED_DRAFTERS, resolve_drafter
 from carryover_hf.targets import TARGET_ALIASES
 
 # Every drafter committed under drafters/ is checked here; its name says what it must be:

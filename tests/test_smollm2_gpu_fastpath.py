@@ -1,7 +1,7 @@
 """examples/smollm2_135m/gpu.sh: its input checks, and a CPU rehearsal of every stage.
 
 The rehearsal (`CARRYOVER_REHEARSAL=1`) swaps SmolLM2-135M-Instruct for a tiny random Llama with SmolLM2's chat
-template (`carryover_hf.testing.build_rehearsal_hub(..., recipe="smollm2")`, put into a scratch Hub cache) and the
+template (`carryover_hf.tools.testing.build_rehearsal_hub(..., recipe="smollm2")`, put into a scratch Hub cache) and the
 sizes for tiny ones, and runs the same commands in the same order. One run of the whole script took 73 s (DFlash) and
 68 s (Markov) on the shared 2-core machine, one thread, so the DFlash rehearsal is in the default run and the Markov
 one is marked `slow`.
@@ -102,7 +102,7 @@ def test_rehearsal_runs_every_stage_end_to_end(tmp_path, kind):
     from transformers import AutoModel
 
     from carryover_hf.targets import load_target
-    from carryover_hf.testing import REHEARSAL_SMOLLM2_TARGET
+    from carryover_hf.tools.testing import REHEARSAL_SMOLLM2_TARGET
     from carryover_hf.training.cli import load_rows
     from carryover_hf.training.feature_store import FeatureStore
 

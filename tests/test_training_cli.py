@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from transformers import AutoModel, PreTrainedTokenizerFast
 
 import carryover_hf
-from carryover_hf.cli import main as carryover_main
-from carryover_hf.testing import tiny_target
+from carryover_hf.tools.cli import main as carryover_main
+from carryover_hf.tools.testing import tiny_target
 from carryover_hf.training.synthetic import regenerate_random_prompts
 
 
@@ -113,7 +113,7 @@ def test_train_command_rejects_bad_data_before_loading_models(assets, tmp_path, 
 
 
 def test_rows_of_a_regeneration_run_in_progress(tmp_path):
-    from carryover_hf.data.regenerate import STATE_FILE, _write_chunk
+    from carryover_hf.tools.data.regenerate import STATE_FILE, _write_chunk
     from carryover_hf.training.cli import load_rows
 
     (tmp_path / "data").mkdir()
@@ -152,7 +152,7 @@ def test_two_process_cpu_run_matches_one_process(assets, tmp_path):
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-        "-m", "carryover_hf.cli", "train", *_common(assets, two), *same,
+        "-m", "carryover_hf", "train", *_common(assets, two), *same,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)

@@ -311,7 +311,7 @@ def test_sliding_window_over_carry_rows_needs_their_positions():
 def test_eager_drafter_takes_the_boolean_mask_as_the_additive_one():
     """`CarryoverDrafterModel.forward` turns a boolean mask into the additive one for eager attention (through the
     same `additive_mask`), so eager with either form and sdpa with the boolean form agree."""
-    from carryover_hf.testing import tiny_drafter, tiny_target
+    from carryover_hf.tools.testing import tiny_drafter, tiny_target
 
     target = tiny_target()
     packed = _random_packing(torch.Generator().manual_seed(2), batch=1, num_blocks=3, size=4, length=10, num_carry=5)

@@ -11,7 +11,7 @@ import torch
 
 import carryover_hf  # noqa: F401
 from carryover_hf.features import gather_target_features, hidden_state_indices
-from carryover_hf.testing import tiny_drafter, tiny_target
+from carryover_hf.tools.testing import tiny_drafter, tiny_target
 from carryover_hf.training import CarryoverDataCollator, DrafterObjective
 from carryover_hf.training.losses import position_weights
 from carryover_hf.training.synthetic import regenerate_random_prompts

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from carryover_hf import CarryoverDrafterConfig, CarryoverDrafterModel
-from carryover_hf.testing import tiny_target
+from carryover_hf.tools.testing import tiny_target
 from carryover_hf.training import CarryoverTrainer, CarryoverTrainingArguments
 from carryover_hf.training.collator import CarryoverDataCollator
 from carryover_hf.training.feature_store import (

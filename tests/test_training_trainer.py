@@ -10,7 +10,7 @@ from transformers import AutoModel
 
 import carryover_hf
 from carryover_hf import CarryoverDrafterConfig, CarryoverDrafterModel, DrafterTargetMismatchError
-from carryover_hf.testing import tiny_target
+from carryover_hf.tools.testing import tiny_target
 from carryover_hf.training import (
     CarryoverTrainer,
     CarryoverTrainingArguments,

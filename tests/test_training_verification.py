@@ -9,7 +9,7 @@ import torch
 
 import carryover_hf  # noqa: F401
 from carryover_hf.features import gather_target_features, hidden_state_indices
-from carryover_hf.testing import tiny_target
+from carryover_hf.tools.testing import tiny_target
 from carryover_hf.training.losses import leading_matches
 from carryover_hf.training.verification import parallel_verify, target_forward, target_logits
 

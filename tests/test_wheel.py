@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from carryover_hf.data import tiny_chat_tokenizer
+from carryover_hf.tools.data import tiny_chat_tokenizer
 from carryover_hf.hub.local_cache import add_to_hub_cache
-from carryover_hf.testing import tiny_hub_config, tiny_target
+from carryover_hf.tools.testing import tiny_hub_config, tiny_target
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_HUB_CONFIGS = sorted(p.stem for p in (REPO / "src/carryover_hf/assets/hub_configs").glob("*.json"))

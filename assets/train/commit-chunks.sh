@@ -12,7 +12,7 @@ python=${PYTHON:-python}
 while true; do
   mapfile -t new < <(git ls-files --others --exclude-standard -- "$run/data/chunk-*.parquet")
   if [ ${#new[@]} -gt 0 ]; then
-    "$python" -c "import sys; from carryover_hf.data.regenerate import summarize; summarize(sys.argv[1], write=True)" "$run"
+    "$python" -c "import sys; from carryover_hf.tools.data.regenerate import summarize; summarize(sys.argv[1], write=True)" "$run"
     files=("$run/regeneration.json")
     names=()
     for path in "${new[@]}"; do

@@ -19,7 +19,7 @@
 # (1 or 8), PER_DEVICE_BATCH, GRAD_ACCUM, NUM_ANCHORS, LEARNING_RATE, USE_FEATURES (0: train the baseline online),
 # BENCH_PROMPTS (per category; default all), REPO, PUSH=1 (with HF_TOKEN) to upload.
 #
-# CARRYOVER_REHEARSAL=1 runs every stage on the CPU with tiny stand-ins from carryover_hf.testing (a random Qwen3
+# CARRYOVER_REHEARSAL=1 runs every stage on the CPU with tiny stand-ins from carryover_hf.tools.testing (a random Qwen3
 # target with a chat tokenizer and a random z-lab-format drafter, put into $HF_HUB_CACHE instead of downloaded) and
 # tiny sizes; tests/test_qwen3_4b_recipe.py runs it. Nothing else changes: the same commands run in the same order.
 set -euo pipefail
@@ -75,7 +75,7 @@ resume() { [ -n "$(ls -d "$1"/checkpoint-* 2>/dev/null)" ] && echo "--resume_fro
 done_training() { [ -f "$1/model.safetensors" ] && [ -f "$1/train_results.json" ]; }
 
 stage_fetch() {
-  if [ "${CARRYOVER_REHEARSAL:-0}" = 1 ]; then python -m carryover_hf.testing rehearsal-hub "$HF_HUB_CACHE"; fi
+  if [ "${CARRYOVER_REHEARSAL:-0}" = 1 ]; then python -m carryover_hf.tools.testing rehearsal-hub "$HF_HUB_CACHE"; fi
   # Only what the stages read: configs, tokenizer, safetensors weights. Offline (HF_HUB_OFFLINE=1) it resolves the cache.
   local repo path
   for repo in "$TARGET" "$ZLAB"; do
@@ -111,7 +111,7 @@ stage_features() {
 train() {
   local out=$1; shift
   if done_training "$out"; then echo "$out is trained"; return; fi
-  accelerate launch "${ACCELERATE[@]}" -m carryover_hf.cli train --target "$TARGET" --target_dtype "$DTYPE" \
+  accelerate launch "${ACCELERATE[@]}" -m carryover_hf train --target "$TARGET" --target_dtype "$DTYPE" \
     --drafter "$CONVERTED" --drafter_dtype float32 --num_train_epochs "$EPOCHS" --num_anchors "$NUM_ANCHORS" \
     --per_device_train_batch_size "$PER_DEVICE_BATCH" --gradient_accumulation_steps "$GRAD_ACCUM" \
     --learning_rate "$LEARNING_RATE" --save_steps "$SAVE_STEPS" --save_total_limit 2 --logging_steps 10 \

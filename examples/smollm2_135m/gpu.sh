@@ -28,12 +28,12 @@
 # root (the script changes to it).
 #
 # CARRYOVER_REHEARSAL=1 runs every stage on the CPU with a tiny stand-in target (a random 4-layer Llama with
-# SmolLM2's chat template, from carryover_hf.testing, put into $HF_HUB_CACHE) and tiny sizes;
+# SmolLM2's chat template, from carryover_hf.tools.testing, put into $HF_HUB_CACHE) and tiny sizes;
 # tests/test_smollm2_gpu_fastpath.py runs it. Nothing else changes: the same commands run in the same order.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python3}
-carryover_hf() { "$PY" -m carryover_hf.cli "$@"; }  # no console script needed (the GPU machine has none)
+carryover_hf() { "$PY" -m carryover_hf "$@"; }  # no console script needed (the GPU machine has none)
 
 KIND=${KIND:-dflash}
 if [ "${CARRYOVER_REHEARSAL:-0}" = 1 ]; then
@@ -149,7 +149,7 @@ need_baseline() {
 
 stage_target() {
   if [ "${CARRYOVER_REHEARSAL:-0}" = 1 ]; then
-    "$PY" -m carryover_hf.testing rehearsal-hub "$HF_HUB_CACHE" smollm2
+    "$PY" -m carryover_hf.tools.testing rehearsal-hub "$HF_HUB_CACHE" smollm2
     return
   fi
   # De-quantizes the GGUF once (about a minute on a CPU) into the carryover-hf cache; later loads take about a second.

@@ -14,7 +14,7 @@ Settings: the layers of the drafters (1 8 14 20 27), bfloat16 storage, the targe
 import argparse
 
 import carryover_hf  # noqa: F401  (registers the drafter classes)
-from carryover_hf.data import load_regenerated
+from carryover_hf.tools.data import load_regenerated
 from carryover_hf.targets import load_target
 from carryover_hf.training.feature_store import FeatureBuildConfig, build_features
 

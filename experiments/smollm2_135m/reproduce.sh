@@ -19,7 +19,7 @@ COMMON=(--target smollm2-135m --target_dtype float32 --dataset "$DATA" --max_tra
         --report_to none --seed 0 --dataloader_num_workers 0 --use_cpu)
 
 # Two data-parallel processes of one thread each (gloo on CPU): global batch 4 = 2 processes x 2 rows.
-train() { accelerate launch --multi_gpu --num_processes 2 -m carryover_hf.cli train "${COMMON[@]}" "$@"; }
+train() { accelerate launch --multi_gpu --num_processes 2 -m carryover_hf train "${COMMON[@]}" "$@"; }
 resume() { [ -n "$(ls -d "$1"/checkpoint-* 2>/dev/null)" ] && echo "--resume_from_checkpoint last" || true; }
 
 step_regenerate() {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from carryover_hf.bench.report import machine  # the benchmark journal's name of the machine, the same reading
+from carryover_hf.tools.bench.report import machine  # the benchmark journal's name of the machine, the same reading
 
 
 def cpu_model() -> str:

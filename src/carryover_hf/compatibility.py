@@ -12,9 +12,7 @@ class DrafterTargetMismatchError(ValueError):
     """The drafter was made for another target."""
 
 
-SUPPORTED_TRANSFORMERS = ((5, 17), (5, 24))  # [lowest, first unsupported) major.minor; CI tests both ends
-# 5.25 is not supported: `carryover-hf regenerate`'s rows differ from plain greedy generate there
-# (tests/test_data_regenerate.py), while the generate hook, sampling and training tests pass.
+SUPPORTED_TRANSFORMERS = ((5, 17), (5, 26))  # [lowest, first unsupported) major.minor; CI tests both ends
 
 
 def _transformers_at_least(major: int, minor: int) -> bool:
@@ -33,6 +31,9 @@ HIDDEN_STATES_LIST_COUNTS_EMBEDDINGS = _transformers_at_least(5, 23)
 # drafts after one, so there the candidate generator ends its proposals at one itself (lossless either way); and 5.17
 # stops at once when the prompt itself ends with one (the candidate generator refuses such a prompt there).
 ASSISTED_LOOP_CROPS_AT_EOS = _transformers_at_least(5, 18)
+# Transformers 5.24 renamed the models' cache argument `past_key_values` to `cache` (the old name warns, and goes in
+# 5.40): calls of a target's forward pass their cache under this name.
+CACHE_ARGUMENT = "cache" if _transformers_at_least(5, 24) else "past_key_values"
 ALLOW_UNSUPPORTED_ENV = "CARRYOVER_HF_ALLOW_UNSUPPORTED_TRANSFORMERS"
 # The private GenerationMixin methods the generate hook wraps, with the parameters it reads.
 HOOKED_METHODS = {

@@ -1,7 +1,7 @@
 """Errors in what a user passed to a `carryover-hf` command.
 
 Validation raises `UsageError` (a bad option value) or `InputNotFoundError` (a file, folder or cached model that is not
-there), with a message that names the option and says how to fix it. The command line (`carryover_hf.cli`) prints
+there), with a message that names the option and says how to fix it. The command line (`carryover_hf.tools.cli`) prints
 such an error on one line, `carryover-hf <command>: error: <message>`, and exits with status 2; every other exception
 keeps its traceback, since it is a bug. They subclass `ValueError` / `FileNotFoundError`, so Python callers that
 catch those keep working.

@@ -24,7 +24,13 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 from transformers.utils import logging
 
-from .compatibility import ASSISTED_LOOP_CROPS_AT_EOS, check_compatibility, check_single_sequence, check_target
+from .compatibility import (
+    ASSISTED_LOOP_CROPS_AT_EOS,
+    CACHE_ARGUMENT,
+    check_compatibility,
+    check_single_sequence,
+    check_target,
+)
 from .configuration_carryover import PROPOSAL_DEFAULTS, check_count_option, check_round_policy
 from .features import embed_block_tokens, gather_target_features, hidden_state_indices
 from .modeling_carryover import CarryoverDrafterModel, DrafterContextBuffer
@@ -477,7 +483,7 @@ class CarryoverCandidateGenerator(CandidateGenerator):
             check_pair(target, drafter)
             check_generation_options(generation_config)
         check_single_sequence(input_ids, model_kwargs.get("attention_mask"))
-        check_empty_cache(model_kwargs.get("past_key_values"))
+        check_empty_cache(model_kwargs.get(CACHE_ARGUMENT, model_kwargs.get("past_key_values")))
 
         self.drafter = drafter
         self.config = drafter.config

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from .compatibility import CACHE_ARGUMENT
+
 
 @dataclass
 class VerificationCost:
@@ -336,7 +338,7 @@ def calibrate(
     generator = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, context_length), generator=generator).to(device)
     past = DynamicCache()
-    target(prefix, past_key_values=past, use_cache=True)
+    target(prefix, **{CACHE_ARGUMENT: past}, use_cache=True)
     times = []
     for k in range(max_drafts + 1):
         tokens = torch.randint(0, vocab, (1, k + 1), generator=generator).to(device)
@@ -344,7 +346,7 @@ def calibrate(
         for _ in range(repeats + 1):  # the first is a warm-up
             sync()
             start = time.perf_counter()
-            target(tokens, past_key_values=past, use_cache=True)
+            target(tokens, **{CACHE_ARGUMENT: past}, use_cache=True)
             sync()
             samples.append(time.perf_counter() - start)
             past.crop(-(k + 1))  # negative: the releases of the supported range all take it

@@ -8,7 +8,7 @@ A single `.json` or `.yaml` file of all options also works: `carryover-hf train 
         --block_size 16 --drafter_layers 1 --output_dir runs/baseline --num_train_epochs 10
     carryover-hf train --target smollm2-135m --dataset data/train --objective carryover \
         --drafter runs/baseline --output_dir runs/carryover --num_train_epochs 3
-    accelerate launch --num_processes 2 -m carryover_hf.cli train ...   # many processes / GPUs
+    accelerate launch --num_processes 2 -m carryover_hf train ...   # many processes / GPUs
 """
 
 from __future__ import annotations

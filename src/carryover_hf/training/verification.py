@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
+from ..compatibility import CACHE_ARGUMENT
 from ..features import gather_target_features, hidden_state_indices
 from ..masks import PackedBlocks, backend_mask
 
@@ -67,7 +68,7 @@ def target_forward(
     outputs = target(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        past_key_values=cache,
+        **{CACHE_ARGUMENT: cache},
         use_cache=use_cache,
         output_hidden_states=_requested_layers(target, target_layer_ids, with_last_hidden_state),
         logits_to_keep=1,  # logits are computed only where needed, from the final-norm states
@@ -126,7 +127,7 @@ def parallel_verify(
         input_ids=block_ids.flatten(1),
         position_ids=packed.block_position_ids(),
         attention_mask=verify_attention_mask(target, packed, dtype),
-        past_key_values=prefix_cache,
+        **{CACHE_ARGUMENT: prefix_cache},
         use_cache=True,
         output_hidden_states=_requested_layers(target, target_layer_ids, with_last_hidden_state),
         logits_to_keep=1,

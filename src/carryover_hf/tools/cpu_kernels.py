@@ -43,6 +43,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -63,7 +64,7 @@ MIN_PACKED_ROWS = 2
 # Up to this many rows the skinny kernel (csrc/skinny_linear.c) runs instead of oneDNN, where it is available and
 # torch runs one intra-op thread (the kernel is single-threaded); measured here: faster from 2 to 11 rows.
 SKINNY_MAX_ROWS = 12
-_SKINNY_SOURCE = Path(__file__).parent / "csrc" / "skinny_linear.c"
+_SKINNY_SOURCE = Path(str(resources.files(__package__).joinpath("csrc", "skinny_linear.c")))  # package data
 _SKINNY_FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC"]
 
 
@@ -117,7 +118,7 @@ def skinny_linear_available() -> bool:
             _Skinny.library = _build_skinny()
         except (OSError, RuntimeError) as error:
             _Skinny.reason = str(error)
-            logger.warning_once(f"carryover_hf.cpu_kernels: {error}; packed linears use oneDNN for every row count.")
+            logger.warning_once(f"carryover_hf.tools.cpu_kernels: {error}; packed linears use oneDNN for every row count.")
     return _Skinny.library is not None and _Skinny.enabled
 
 

@@ -32,10 +32,11 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
-from ..features import gather_target_features, hidden_state_indices
-from ..generation import DrafterProposer
-from ..modeling_carryover import CarryoverDrafterModel, DrafterContextBuffer
-from ..utils import device_synchronizer
+from ...compatibility import CACHE_ARGUMENT
+from ...features import gather_target_features, hidden_state_indices
+from ...generation import DrafterProposer
+from ...modeling_carryover import CarryoverDrafterModel, DrafterContextBuffer
+from ...utils import device_synchronizer
 from .stats import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, bootstrap_interval, mean, mean_difference, ratio_of_sums
 
 
@@ -67,7 +68,7 @@ def _time_target_step(target, token, cache, sync) -> float:
     """Milliseconds of one target forward over one token (LM head included) on top of `cache`, then cropped back."""
     sync()
     start = time.perf_counter()
-    target(token, past_key_values=cache, use_cache=True)
+    target(token, **{CACHE_ARGUMENT: cache}, use_cache=True)
     sync()
     elapsed = (time.perf_counter() - start) * 1000.0
     cache.crop(-1)
@@ -106,7 +107,7 @@ class RecordedRound:
         }
         self.prefix_ids = ids[:, : length + 1]  # ends with the anchor
         self.target_cache = DynamicCache(config=target.config)
-        target(ids[:, :length], past_key_values=self.target_cache, use_cache=True)
+        target(ids[:, :length], **{CACHE_ARGUMENT: self.target_cache}, use_cache=True)
         self.token = ids[:, length : length + 1]
 
     @property

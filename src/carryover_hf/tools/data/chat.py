@@ -99,7 +99,7 @@ def tiny_chat_tokenizer(
 ) -> PreTrainedTokenizerBase:
     """A small byte-level BPE tokenizer with SmolLM2's special tokens (ids 0, 1, 2) and chat template.
 
-    For tests and smoke runs with `carryover_hf.tiny.tiny_target(vocab_size=len(tokenizer))`; no downloads.
+    For tests and smoke runs with `carryover_hf.tools.tiny.tiny_target(vocab_size=len(tokenizer))`; no downloads.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

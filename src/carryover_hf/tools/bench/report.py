@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..resources import checkout_root
+from ...resources import checkout_root
 from . import stats
 
 SCHEMA = "carryover-hf-bench/1"

@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..regenerated import DATA_DIR, STATE_FILE, chunk_path, load_regenerated, row_features, run_folders
+from ...compatibility import CACHE_ARGUMENT
+from ...regenerated import DATA_DIR, STATE_FILE, chunk_path, load_regenerated, row_features, run_folders
 from .suites import CATEGORIES, PROMPTS_DIR, load_prompts
 
 # How rows were decoded (recorded per chunk): in-place KV cache, finished rows compacted out, freed slots refilled.
@@ -331,7 +332,7 @@ class _Decoder:
 
     def _forward(self, input_ids, attention_mask, positions, cache):
         output = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                            past_key_values=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
+                            **{CACHE_ARGUMENT: cache}, use_cache=True, logits_to_keep=1)  # fmt: skip
         return output.logits[:, -1, :].float()
 
     def _choose(self, logits, generator):
@@ -597,7 +598,7 @@ def regenerate(config: RegenerationConfig, model=None, tokenizer=None, show_prog
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         if model is None or tokenizer is None:
-            from ..targets import load_target
+            from ...targets import load_target
 
             model, tokenizer = load_target(config.target, dtype=config.dtype)
         if not tokenizer.chat_template:

@@ -1,7 +1,7 @@
 """Tiny random targets and drafters (no downloads): `carryover-hf bench --target tiny`, smoke runs and the tests.
 
 A target is a randomly initialised decoder-only LM of a real Transformers architecture; a drafter is a randomly
-initialised Carryover drafter matched to it. `carryover_hf.testing` hands both on to the tests, with its fixtures.
+initialised Carryover drafter matched to it. `carryover_hf.tools.testing` hands both on to the tests, with its fixtures.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from .configuration_carryover import CarryoverDrafterConfig
-from .modeling_carryover import CarryoverDrafterModel
+from ..configuration_carryover import CarryoverDrafterConfig
+from ..modeling_carryover import CarryoverDrafterModel
 
 
 TINY_ARCHITECTURES = ("llama", "qwen3", "mistral", "gemma")

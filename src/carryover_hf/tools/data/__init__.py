@@ -3,7 +3,7 @@
 
 import importlib
 
-from ..regenerated import load_regenerated
+from ...regenerated import load_regenerated
 from .chat import SMOLLM2_CHAT_TEMPLATE, assemble_conversation, tiny_chat_tokenizer
 from .suites import CATEGORIES, PROMPTS_DIR, load_prompts
 
@@ -12,7 +12,7 @@ def __getattr__(name: str):
     # The regeneration module imports generation code; load it only when asked for.
     if name == "RegenerationConfig":
         return getattr(importlib.import_module(".regenerate", __name__), name)
-    raise AttributeError(f"module 'carryover_hf.data' has no attribute {name!r}")
+    raise AttributeError(f"module 'carryover_hf.tools.data' has no attribute {name!r}")
 
 
 __all__ = [

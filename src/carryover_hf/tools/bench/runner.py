@@ -32,10 +32,10 @@ from transformers import PreTrainedModel, set_seed
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.streamers import BaseStreamer
 
-from ..compatibility import check_compatibility
-from ..hub.native import NativeDFlashUnavailable, to_native_dflash
-from ..modeling_carryover import CarryoverDrafterModel
-from ..utils import device_synchronizer, model_fingerprint, pad_token_id
+from ...compatibility import check_compatibility
+from ...hub.native import NativeDFlashUnavailable, to_native_dflash
+from ...modeling_carryover import CarryoverDrafterModel
+from ...utils import device_synchronizer, model_fingerprint, pad_token_id
 from .journal import RunJournal
 from .overhead import check_new_context_rows
 from .prompts import Prompt, encode_prompt
@@ -562,8 +562,8 @@ def run_benchmark(
 ) -> dict[str, Any]:
     """Benchmark `drafters` (name -> drafter) against the target alone and its peers; returns the report dict.
 
-    With `output_dir`, writes `results.json`, `results.md` and the plots there (see `carryover_hf.bench.report`),
-    and journals every finished prompt group in `runs.jsonl` (`carryover_hf.bench.journal`): with `resume` a run of
+    With `output_dir`, writes `results.json`, `results.md` and the plots there (see `carryover_hf.tools.bench.report`),
+    and journals every finished prompt group in `runs.jsonl` (`carryover_hf.tools.bench.journal`): with `resume` a run of
     the same benchmark continues where it stopped, with `overwrite` it starts again. With `time_limit` (seconds) no
     prompt group starts after that long; the report then covers the groups measured so far and says so.
     With `shard=(k, n)` (1 <= k <= n) this process measures the k-th of n shares of the prompt groups (every n-th in

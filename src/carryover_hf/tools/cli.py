@@ -5,16 +5,16 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .errors import USAGE_EXIT_CODE, UsageError
+from ..errors import USAGE_EXIT_CODE, UsageError
 
 # subcommand -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("carryover_hf.demo", "the shipped SmolLM2-135M drafter against the target alone: speedup and acceptance"),
+    "demo": ("carryover_hf.tools.demo", "the shipped SmolLM2-135M drafter against the target alone: speedup and acceptance"),
     "features": ("carryover_hf.training.feature_store", "run the target once per training row and store its features"),
     "train": ("carryover_hf.training.cli", "train or fine-tune a drafter (DFlash or draft-verify-draft objective)"),
-    "prompts": ("carryover_hf.data.cli", "build the offline prompt suites (`prompts build`) or reading rows (`prompts reading`)"),
-    "regenerate": ("carryover_hf.data.regenerate", "record target responses to prompts as a training dataset"),
-    "bench": ("carryover_hf.bench.cli", "benchmark drafters against the target alone and its peers"),
+    "prompts": ("carryover_hf.tools.data.cli", "build the offline prompt suites (`prompts build`) or reading rows (`prompts reading`)"),
+    "regenerate": ("carryover_hf.tools.data.regenerate", "record target responses to prompts as a training dataset"),
+    "bench": ("carryover_hf.tools.bench.cli", "benchmark drafters against the target alone and its peers"),
     "convert": ("carryover_hf.hub.convert", "import z-lab / Transformers / speculators DFlash checkpoints, or export"),
     "push": ("carryover_hf.hub.push", "save a drafter with its model card and upload it to the Hub"),
     "init": ("carryover_hf.hub.configs", "initialise a drafter from a shipped hub config for its target"),

@@ -1,5 +1,5 @@
 """`carryover-hf prompts build|show|reading`: build the offline prompt suites, summarise built ones, or write rows of
-train prompts the target only reads (`carryover_hf.data.reading`)."""
+train prompts the target only reads (`carryover_hf.tools.data.reading`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import UsageError
-from ..resources import checkout_root, resolve_prompt_suite
+from ...errors import UsageError
+from ...resources import checkout_root, resolve_prompt_suite
 from . import reading
 from .sources import SourceUnavailableError
 from .suites import CATEGORIES, DEFAULT_SEED, DEFAULT_TRAIN_SIZE, MANIFEST, PROMPTS_DIR, build_suites, write_suites

@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InputNotFoundError, UsageError
-from .resources import shipped_drafters_dir
+from ..errors import InputNotFoundError, UsageError
+from ..resources import shipped_drafters_dir
 
 SHIPPED_DRAFTERS = shipped_drafters_dir()  # None outside a source checkout
 DEFAULT_DRAFTER = "carryover-hf/smollm2-135m-carryover-dflash"
@@ -61,7 +61,7 @@ class DemoArguments:
     )
     cpu_kernels: str = field(
         default="auto",
-        metadata={"help": "CPU kernels (carryover_hf.cpu_kernels: packed float32 linears for both models, grouped-query "
+        metadata={"help": "CPU kernels (carryover_hf.tools.cpu_kernels: packed float32 linears for both models, grouped-query "
                   "attention for the target): auto, on or off", "aliases": ["--packed_linears"]},
     )
     seed: int = field(default=0, metadata={"help": "seed of prompt i is seed + i (sampling)"})
@@ -74,7 +74,7 @@ def resolve_drafter(spec: str) -> tuple[str, dict]:
     drafter must already be in that cache."""
     from huggingface_hub import constants, try_to_load_from_cache
 
-    from .hub.local_cache import add_to_hub_cache
+    from ..hub.local_cache import add_to_hub_cache
 
     if Path(spec).expanduser().is_dir():
         return str(Path(spec).expanduser()), {}
@@ -145,11 +145,11 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
     if drafter is None:  # where it comes from is known before the target loads: a missing drafter fails first
         source, options = resolve_drafter(args.drafter)
     if target is None:
-        from .targets import load_target
+        from ..targets import load_target
 
         target, tokenizer = load_target(args.target, dtype=args.dtype)
     if drafter is None:
-        from .hub.loading import load_drafter
+        from ..hub.loading import load_drafter
 
         drafter = load_drafter(source, target, **options)
     cpu_kernels = resolve_cpu_kernels(args.cpu_kernels, target.dtype, target.device)

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from ..utils import json_fingerprint
+from ...utils import json_fingerprint
 
 try:
     import fcntl

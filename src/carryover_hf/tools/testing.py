@@ -1,7 +1,7 @@
-"""Test fixtures: the tiny targets and drafters of `carryover_hf.tiny`, handed on, hub configs and a skewed head.
+"""Test fixtures: the tiny targets and drafters of `carryover_hf.tools.tiny`, handed on, hub configs and a skewed head.
 
 Also z-lab DFlash checkpoints in their published layout (`save_zlab_checkpoint`), and the tiny stand-ins of the
-recipes' Hub repositories (`build_rehearsal_hub`; `python -m carryover_hf.testing rehearsal-hub CACHE [RECIPE]`).
+recipes' Hub repositories (`build_rehearsal_hub`; `python -m carryover_hf.tools.testing rehearsal-hub CACHE [RECIPE]`).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def build_rehearsal_hub(
     import tempfile
 
     from .data.chat import tiny_chat_tokenizer
-    from .hub.local_cache import add_to_hub_cache
+    from ..hub.local_cache import add_to_hub_cache
 
     if recipe not in REHEARSAL_RECIPES:
         raise ValueError(f"recipe must be one of {REHEARSAL_RECIPES}, got {recipe!r}")
@@ -181,7 +181,7 @@ def build_rehearsal_hub(
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) not in (2, 3) or argv[0] != "rehearsal-hub" or argv[2:] and argv[2] not in REHEARSAL_RECIPES:
-        print(f"usage: python -m carryover_hf.testing rehearsal-hub HF_HUB_CACHE [{'|'.join(REHEARSAL_RECIPES)}]",
+        print(f"usage: python -m carryover_hf.tools.testing rehearsal-hub HF_HUB_CACHE [{'|'.join(REHEARSAL_RECIPES)}]",
               file=sys.stderr)  # fmt: skip
         return 2
     for repo, snapshot in build_rehearsal_hub(argv[1], recipe=argv[2] if len(argv) == 3 else "qwen3").items():

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from ..resources import PROMPT_SUITES_DIR
-from ..resources import resolve_prompt_suite as resolve_suite
+from ...resources import PROMPT_SUITES_DIR
+from ...resources import resolve_prompt_suite as resolve_suite
 
 @dataclass
 class Prompt:

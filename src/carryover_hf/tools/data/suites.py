@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputNotFoundError
-from ..resources import PROMPT_SUITES_DIR, resolve_prompt_suite
+from ...errors import InputNotFoundError
+from ...resources import PROMPT_SUITES_DIR, resolve_prompt_suite
 from . import sources as S
 from . import templates as T
 

@@ -78,7 +78,7 @@ def reading_row(tokenizer, prompt: dict, use_reference: bool) -> tuple[list[int]
 
 def answered_ids(run: str | os.PathLike) -> set[str]:
     """Prompt ids a regeneration run has answered (its finished chunks' rows)."""
-    from ..regenerated import load_regenerated
+    from ...regenerated import load_regenerated
 
     return set(load_regenerated(run)["id"])
 
@@ -144,7 +144,7 @@ def build_reading(args) -> Path:
     if args.rows < 1:
         raise ValueError(f"--rows must be positive, got {args.rows}")
     skip = answered_ids(args.after) if args.after else set()
-    from ..targets import load_target_tokenizer
+    from ...targets import load_target_tokenizer
 
     tokenizer = load_target_tokenizer(args.target)
     if not tokenizer.chat_template:

@@ -80,7 +80,7 @@ class BenchArguments:
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)."})
     cpu_kernels: str = field(
         default="auto",
-        metadata={"help": "CPU kernels (carryover_hf.cpu_kernels): packed float32 linears for target and drafters, "
+        metadata={"help": "CPU kernels (carryover_hf.tools.cpu_kernels): packed float32 linears for target and drafters, "
                   "grouped-query attention without key/value copies for the target. 'auto' (on for float32 on CPU), "
                   "'on' or 'off'. Every method runs on the same models.", "aliases": ["--packed_linears"]},
     )
@@ -126,7 +126,7 @@ def _check_drafter_path(path: str) -> None:
 
 
 def _load_drafter(path: str, target, dtype: torch.dtype, block_size: int, index: int):
-    from ..modeling_carryover import CarryoverDrafterModel
+    from ...modeling_carryover import CarryoverDrafterModel
     from ..tiny import tiny_drafter
 
     if path in TINY_DRAFTERS:
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             # Enough positions for the default overhead context lengths.
             target, tokenizer = tiny_target("qwen3", dtype=dtype, max_position_embeddings=4096).to(device), None
         else:
-            from ..targets import load_target
+            from ...targets import load_target
 
             target, tokenizer = load_target(args.target, dtype=args.dtype, device=device)
         drafters = {name: _load_drafter(path, target, dtype, args.tiny_block_size, i) for i, (name, path) in enumerate(names)}
