@@ -433,6 +433,10 @@ def test_rules_and_policy_run_what_a_plain_generate_call_runs(models):
     policy_runs = [r["draft_lengths"] for r in report["runs"] if r["method"] == "d/policy"]
     assert all(n >= 1 for lengths_ in policy_runs for n in lengths_[:-1])
     assert max(lengths["d/policy"]) >= drafter.config.block_size - 1  # a suffix match may offer more
+    # The policy's own time is recorded per run and set against the target's step in the round profile.
+    assert all(r["planning_time"] > 0 for r in report["runs"] if r["method"] != "target")
+    profile = report["results"][0]["summary"]["d/policy"]["all"]["round_profile"]
+    assert profile["planning_per_target_step"]["estimate"] > 0
 
 
 @pytest.mark.parametrize("value", ["0.5", "1,0", "a,b", "cheap"])

@@ -62,3 +62,33 @@ def test_learning_efficiency_outputs_hold_one_base_and_one_budget(tmp_path):
         sweep._check_record(first, recipe, first["budget_cpu_seconds"], path)
     with pytest.raises(SystemExit, match="not 600; give another --output"):
         sweep._check_record(first, dict(sweep.BASE), 600.0, path)
+
+
+multiturn = _load("suffix_cache_multiturn")
+
+
+def test_the_second_pass_rewords_the_user_turn_only():
+    from carryover_hf.tools.bench.prompts import Prompt
+
+    chat = Prompt("code/eval/1", "code", [{"role": "system", "content": "S"}, {"role": "user", "content": "Sort a list."}])
+    again = multiturn.rephrase(chat, 1)
+    assert again.id == "code/eval/1/again" and again.text[0] == {"role": "system", "content": "S"}
+    assert again.text[1]["content"] == "Sort a list.\n\nCould you answer this again?"
+    assert chat.text[1]["content"] == "Sort a list."  # the first pass's prompt is not changed
+    assert multiturn.rephrase(Prompt("x", text="Hi"), 0).text == "Once more, please. Hi"
+
+
+def test_multiturn_summary_pairs_methods_over_the_same_prompts():
+    runs = []
+    for i in range(6):
+        for method, time in (("target", 2.0), ("policy", 1.0), ("policy+cache", 0.5)):
+            runs.append({"prompt_id": f"p{i}", "pass": "first" if i < 3 else "second", "method": method,
+                         "decode_tokens": 10, "decode_time": time * (1 + i / 10), "acceptance_lengths": [2, 3],
+                         "planning_time": 0.001})  # fmt: skip
+    summary = multiturn.summarize(runs, resamples=200)
+    for scope in ("first", "second", "both"):
+        assert summary[scope]["policy / target"]["estimate"] == pytest.approx(2.0)
+        assert summary[scope]["policy+cache / policy"]["estimate"] == pytest.approx(2.0)
+        assert summary[scope]["tau policy"] == pytest.approx(2.5)
+        assert summary[scope]["planning ms per round policy"] == pytest.approx(0.5)  # 1 ms over 2 rounds
+    assert summary["both"]["prompts"] == 6 and summary["first"]["prompts"] == 3

@@ -148,7 +148,9 @@ def test_the_cost_aware_policy_takes_full_blocks_when_verification_is_free_and_a
     cpu = VerificationCost([1.0, 1.1, 1.15, 1.17, 1.22, 1.25, 1.27, 1.29, 1.3, 1.32, 1.35])
     policy = CostAwarePolicy(4, 1000, cpu, SuffixCache().session(repeated[:-1]), drafter_cost=0.1)
     policy.estimates["draft"].reached = [100.0] * 3  # a drafter seen to fail, a suffix seen to succeed
-    policy.estimates["lookup"].reached = [100.0] * 16
-    policy.estimates["lookup"].accepted = [90.0] * 16
+    from carryover_hf.round_policy import AcceptanceEstimate, suffix_estimate_key
+
+    seen = AcceptanceEstimate(16, accepted=[90.0] * 16, reached=[100.0] * 16)
+    policy.estimates[suffix_estimate_key(3)] = seen  # [5, 6, 7] matched: 3 tokens
     plan = _plan(policy, repeated, 0)
     assert plan.kind == "lookup" and plan.drafts.tolist()[:3] == [8, 9, 10]

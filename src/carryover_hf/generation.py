@@ -689,7 +689,15 @@ def cost_aware_policy(target, drafter, input_ids, generation_config):
         )
     cache = getattr(drafter, "suffix_cache", None) or SuffixCache(keep_outputs=False)
     session = cache.session(input_ids[0].tolist())
-    return CostAwarePolicy(block_size, generation_config.max_length, cost, session, measured=measured)
+    if not measured:
+        return CostAwarePolicy(block_size, generation_config.max_length, cost, session)
+    # Round costs are the machine's, not the call's: a call goes on from what earlier calls with this target measured
+    # (kept on the drafter, per target, device, dtype and thread count).
+    key = (id(target), str(target.device), str(target.dtype), torch.get_num_threads())
+    learnt = drafter.__dict__.setdefault("_measured_round_costs", {})
+    policy = CostAwarePolicy(block_size, generation_config.max_length, cost, session, measured=learnt.get(key, True))
+    learnt[key] = policy.cost
+    return policy
 
 
 def declare_generation_options(model: PreTrainedModel) -> PreTrainedModel:

@@ -76,6 +76,11 @@ class AcceptanceEstimate:
             self.reached[j] += 1
             self.accepted[j] += float(j < accepted)
 
+    def forget(self, factor: float) -> None:
+        """Counts weigh `factor` less (towards the prior): evidence ages whether or not the source is used."""
+        self.accepted = [a * factor for a in self.accepted]
+        self.reached = [r * factor for r in self.reached]
+
     def conditional(self) -> list[float]:
         return [(a + self.prior_accept) / (r + self.prior_accept + self.prior_reject)
                 for a, r in zip(self.accepted, self.reached)]  # fmt: skip
@@ -122,6 +127,7 @@ class MeasuredCost:
         self.prior_moment: list[float] | None = None
         self.weight = 0.0  # decayed number of timed rounds
         self.rounds = 0  # timed rounds
+        self.timed: dict[str | None, int] = {}  # timed rounds per source (None: plain steps)
         self.coefficients: list[float] | None = None  # None: no timed round yet (the prior's units apply)
 
     @staticmethod
@@ -146,6 +152,7 @@ class MeasuredCost:
         self.moment = [value * self.decay for value in self.moment]
         self.weight = self.weight * self.decay + 1.0
         self.rounds += 1
+        self.timed[source] = self.timed.get(source, 0) + 1
         _accumulate(self.gram, self.moment, self._features(source, drafts), seconds, 1.0)
         fade = max(1.0 / (1 + self.rounds), 1e-3)
         gram = [[a + fade * b for a, b in zip(row, prior)] for row, prior in zip(self.gram, self.prior_gram)]
@@ -211,6 +218,12 @@ def best_proposal(
     return best
 
 
+def suffix_estimate_key(match_length: int) -> str:
+    """The acceptance estimate a suffix match is scored against: one per matched length 2, 3, 4-7 and 8 or more."""
+    bucket = match_length if match_length < 4 else (4 if match_length < 8 else 8)
+    return f"lookup{bucket}"
+
+
 class CostAwarePolicy:
     """A round policy with `ProposalPolicy`'s interface (`plan`, `drafted`, `confidence`, `lookup_drafts`) that picks
     the source and draft count by `best_proposal`: the drafter (up to block size - 1 drafts, at `drafter_cost` steps a
@@ -231,7 +244,7 @@ class CostAwarePolicy:
         suffix_session=None,
         *,
         drafter_cost: float = 0.1,
-        measured: bool = False,
+        measured: bool | MeasuredCost = False,
         max_suffix_drafts: int = 16,
         decay: float = 0.98,
         probe_after: int = 2,
@@ -240,19 +253,23 @@ class CostAwarePolicy:
         self.block_size, self.max_length = block_size, max_length
         self.suffix = suffix_session
         self.cost = ModelledCost(cost, {"draft": drafter_cost})
-        if measured:
+        if isinstance(measured, MeasuredCost):  # what earlier calls on this machine measured, learning on
+            self.cost = measured
+        elif measured:
             anchors = [(None, 0), ("lookup", 1), ("lookup", max_suffix_drafts), ("draft", 1), ("draft", block_size - 1)]
             self.cost = MeasuredCost(self.cost, anchors)
         self.confidence = None  # no confidence cut: the length is chosen here
         self.lookup_drafts = max_suffix_drafts if suffix_session is not None else None
-        self.estimates = {"draft": AcceptanceEstimate(block_size - 1, decay=decay)}
-        if suffix_session is not None:
-            self.estimates["lookup"] = AcceptanceEstimate(max_suffix_drafts, decay=decay)
+        # Acceptance per source; a suffix match's by the length that matched (`suffix_estimate_key`): a long match in
+        # repeating text is accepted far more often than a 2-token one, and one pooled estimate would hide that.
+        self.estimates = {"draft": AcceptanceEstimate(block_size - 1)}
+        self.decay = decay
         self.max_suffix_drafts = max_suffix_drafts
         self.probe_after, self.max_probe_after = probe_after, max_probe_after
         self.interval = probe_after
         self.plain_streak = 0
         self.last: tuple[str | None, int] | None = None  # (source, drafts) of the round just verified
+        self.last_estimate: str | None = None  # the key of the estimate that round is scored against
         self.started: float | None = None  # when the round just verified was planned (measured costs)
         self.probing = False
         self.choices: list[Choice] = []  # one per planned round (statistics; the benchmark reads them)
@@ -268,15 +285,19 @@ class CostAwarePolicy:
             if isinstance(self.cost, MeasuredCost) and self.started is not None:
                 self.cost.record(source, drafted, now - self.started)
             if source is not None:
-                self.estimates[source].observe(drafted, accepted_drafts)
+                self.estimates[self.last_estimate].observe(drafted, accepted_drafts)
                 if self.probing:
                     self.interval = (self.probe_after if accepted_drafts > 0
                                      else min(2 * self.interval, self.max_probe_after))  # fmt: skip
+        for estimate in self.estimates.values():  # every source's evidence ages, so an idle one is tried again
+            estimate.forget(self.decay)
         self.last, self.probing, self.started = None, False, now
         room = self.max_length - input_ids.shape[1] - 1
         if room <= 0:
             return RoundPlan("end")
         available = {"draft": min(self.block_size - 1, room)}
+        estimates = {"draft": self.estimates["draft"]}
+        keys = {"draft": "draft"}
         suffix_drafts = None
         if self.suffix is not None:
             new = input_ids[0, len(self.suffix.tokens) :].tolist()
@@ -285,11 +306,20 @@ class CostAwarePolicy:
             if proposal is not None:
                 suffix_drafts = proposal.tokens
                 available["lookup"] = len(suffix_drafts)
-        choice = best_proposal(self.estimates, available, self.cost)
+                keys["lookup"] = suffix_estimate_key(proposal.match_length)
+                if keys["lookup"] not in self.estimates:
+                    self.estimates[keys["lookup"]] = AcceptanceEstimate(self.max_suffix_drafts)
+                estimates["lookup"] = self.estimates[keys["lookup"]]
+        choice = best_proposal(estimates, available, self.cost)
         if choice.source is None and self.plain_streak + 1 >= self.interval:  # a probe: the best proposal there is
-            choice, self.probing = best_proposal(self.estimates, available, self.cost, drafts_only=True), True
+            choice, self.probing = best_proposal(estimates, available, self.cost, drafts_only=True), True
+        elif choice.source is not None and self.choices and isinstance(self.cost, MeasuredCost) and not self.cost.timed.get(None):
+            # The plain step is what every proposal is weighed against: time one (the second round) rather than
+            # trust the prior's guess of it, which no later round would correct while proposals keep winning.
+            choice = Choice(None, 0, 1.0 / self.cost(None, 0))
         self.choices.append(choice)
         self.last = (choice.source, choice.drafts)
+        self.last_estimate = keys.get(choice.source)
         if choice.source is None:
             self.plain_streak += 1
             return RoundPlan("plain")
@@ -367,4 +397,5 @@ __all__ = [
     "VerificationCost",
     "best_proposal",
     "calibrate",
+    "suffix_estimate_key",
 ]

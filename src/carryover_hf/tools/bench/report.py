@@ -69,6 +69,7 @@ def _arrays(runs: Sequence) -> dict[str, np.ndarray]:
         "rest_ms": np.array([getattr(r, "rest_time", 0.0) for r in runs], dtype=float) * 1000,
         "decode_ms": np.array([r.decode_time for r in runs], dtype=float) * 1000,
         "prefill_ms": np.array([r.prefill_time for r in runs], dtype=float) * 1000,
+        "planning_ms": np.array([getattr(r, "planning_time", None) or 0.0 for r in runs], dtype=float) * 1000,
     }
 
 
@@ -96,6 +97,10 @@ def summarize(runs: Sequence, baseline: Sequence, speculative: bool, withheld: s
         ).to_dict()
         out["rest_ms_per_round"] = stats.bootstrap_interval([a["rest_ms"], a["rounds"]], stats.ratio_of_sums, **bootstrap).to_dict()
         out["round_profile"] = round_profile(a, b, **bootstrap)
+        if all(getattr(r, "planning_time", None) is not None for r in runs):  # journals before 0.3 did not record it
+            out["round_profile"]["planning_per_target_step"] = stats.bootstrap_interval(
+                [a["planning_ms"], a["rounds"], b["decode_ms"], b["decode_tokens"]], stats.ratio_of_rates, **bootstrap
+            ).to_dict()
         carry = [c for r in runs if r.carry_rows is not None for c in r.carry_rows]
         if any(r.carry_rows is not None for r in runs):
             out["mean_carry_rows"] = float(np.mean(carry)) if carry else 0.0

@@ -252,6 +252,7 @@ class PromptRun:
     verification_time: float = 0.0
     rest_time: float = 0.0  # the rest of the decoding loop: acceptance decision -> next proposal (or the end)
     carry_rows: list[int] | None = None
+    planning_time: float | None = None  # the round policy's own time, part of drafting_time (None: not recorded)
     check: dict[str, Any] | None = None  # greedy gate result (speculative methods at T=0)
 
     def to_dict(self) -> dict[str, Any]:
@@ -400,6 +401,8 @@ def run_method(
         "verification_time": sum(r["verification"] for r in rounds),
         "rest_time": sum(r["rest"] for r in rounds),
         "carry_rows": list(drafter.last_generation_stats.carry_rows) if drafter is not None else None,
+        # the round policy's own host time (inside drafting_time): its overhead against a target step
+        "planning_time": drafter.last_generation_stats.planning_time if drafter is not None else None,
     }
     if method.speculative and recorder is None:
         raise RuntimeError(f"{method.name}: generate did not use a candidate generator; the method is misconfigured")
