@@ -82,8 +82,15 @@ class AcceptanceEstimate:
         self.reached = [r * factor for r in self.reached]
 
     def conditional(self) -> list[float]:
-        return [(a + self.prior_accept) / (r + self.prior_accept + self.prior_reject)
-                for a, r in zip(self.accepted, self.reached)]  # fmt: skip
+        """Position 1 from the Beta prior; each later position shrinks towards the rate before it (with the prior's
+        strength) rather than towards the prior's mean: positions rarely reached would otherwise stay near 1/2 and
+        make long proposals look better than the evidence says."""
+        strength = self.prior_accept + self.prior_reject
+        rates, previous = [], self.prior_accept / strength if strength else 0.0
+        for a, r in zip(self.accepted, self.reached):
+            previous = (a + strength * previous) / (r + strength) if r + strength > 0 else previous
+            rates.append(previous)
+        return rates
 
     def expected_tokens(self, k: int) -> float:
         """1 + expected accepted drafts when k are offered."""
