@@ -289,6 +289,12 @@ class _RoundRecorder(CandidateGenerator):
         self._pending: dict[str, float] | None = None
         self._verified_at: float | None = None
 
+    def __getattr__(self, name: str) -> Any:
+        """Whatever else the assisted loop reads of its generator (`num_drafting_tokens` on Transformers 5.25)."""
+        if name == "inner":  # not set yet (copying, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
     @property
     def requires_model_outputs(self) -> bool:  # type: ignore[override]
         return getattr(self.inner, "requires_model_outputs", False)
