@@ -35,6 +35,22 @@ def test_expected_tokens_follow_the_conditional_rates():
     assert AcceptanceEstimate(4).expected_tokens(2) == pytest.approx(1 + 0.5 + 0.25)  # the prior alone
 
 
+def test_a_longer_suffix_match_starts_from_what_shorter_matches_showed():
+    from carryover_hf.round_policy import CostAwarePolicy, suffix_estimate_key
+    from carryover_hf.suffix_cache import SuffixCache
+
+    shorter = _estimate(0.9, rounds=50, max_drafts=4)
+    longer = AcceptanceEstimate(4, parent=shorter)
+    assert longer.conditional() == pytest.approx(shorter.conditional())  # no evidence of its own: the parent's rates
+    for _ in range(20):
+        longer.observe(4, 0)  # its own evidence wins
+    assert longer.conditional()[0] < 0.2
+    policy = CostAwarePolicy(4, 1000, VerificationCost.flat(16), SuffixCache().session([1, 2, 3]))
+    eight = policy._suffix_estimate(suffix_estimate_key(9))
+    assert suffix_estimate_key(9) == "lookup8" and eight.parent is policy.estimates["lookup4"]
+    assert policy.estimates["lookup4"].parent is policy.estimates["lookup3"]
+
+
 def test_free_verification_takes_full_blocks_and_costly_verification_of_bad_drafts_takes_a_plain_step():
     flat = ModelledCost(VerificationCost.flat(15))
     good = {"drafter": _estimate(0.5, max_drafts=15)}
@@ -50,6 +66,44 @@ def test_free_verification_takes_full_blocks_and_costly_verification_of_bad_draf
     choice = best_proposal(mid, {"drafter": 7, "lookup": 3}, with_drafter)
     assert choice.source == "lookup" and 1 <= choice.drafts <= 3
     assert best_proposal(mid, {"drafter": 7, "lookup": 0}, with_drafter).source == "drafter"
+
+
+def test_the_choice_weighs_cost_at_the_calls_own_rate():
+    steep = ModelledCost(VerificationCost([1.0 + 0.1 * k for k in range(11)]))  # each draft verified costs 0.1 steps
+    lookup = {"lookup": _estimate(0.8, max_drafts=10)}
+
+    def brute_force(rate):
+        values = {k: lookup["lookup"].expected_tokens(k) - rate * steep("lookup", k) for k in range(1, 11)}
+        return max(values, key=values.get)
+
+    # Most tokens per unit of cost would be 6 drafts; against a plain step's rate (1 token per step) a draft is worth
+    # its 0.1 steps while its chance 0.8^j exceeds 0.1: all 10; at a call's rate of 1.5, while 0.8^j > 0.15: 8.
+    assert max(range(1, 11), key=lambda k: lookup["lookup"].expected_tokens(k) / steep("lookup", k)) == 6
+    assert best_proposal(lookup, {"lookup": 10}, steep).drafts == brute_force(1.0) == 10
+    assert best_proposal(lookup, {"lookup": 10}, steep, rate=1.5).drafts == brute_force(1.5) == 8
+    # A drafter round that beats a plain step per unit of cost (1.3 tokens for 1.2 steps) but not the call's pace
+    weak = {"draft": _estimate(0.3, max_drafts=3)}
+    with_drafter = ModelledCost(VerificationCost([1.0, 1.1, 1.2, 1.3]), {"draft": 0.1})
+    assert best_proposal(weak, {"draft": 3}, with_drafter, rate=1.0).source == "draft"
+    assert best_proposal(weak, {"draft": 3}, with_drafter, rate=2.0).source is None
+    # a rate below a plain step's is raised to it: a proposal is never taken at a loss against the target alone
+    assert best_proposal(weak, {"draft": 3}, with_drafter, rate=0.5) == best_proposal(weak, {"draft": 3}, with_drafter)
+
+
+def test_the_rate_is_the_recent_rounds_tokens_per_cost_and_never_below_a_plain_steps():
+    from carryover_hf.round_policy import RateEstimate
+
+    rate = RateEstimate(decay=1.0, prior_rounds=2.0)
+    assert rate(0.5) == pytest.approx(2.0)  # no round yet: a plain step's, in the cost's own units
+    for tokens, cost in [(4, 1.2), (1, 1.0), (3, 1.3)]:
+        rate.observe(tokens, cost)
+    assert rate(1.0) == pytest.approx((8 + 2) / (3.5 + 2))
+    slow = RateEstimate(decay=0.5, prior_rounds=0.0)
+    slow.observe(5, 1.0)
+    slow.observe(1, 2.0)  # the latest round weighs twice the one before
+    assert slow(1.0) == pytest.approx((5 * 0.5 + 1) / (1.0 * 0.5 + 2.0))
+    slow.observe(1, 8.0)  # rounds that cost more than a plain step per token: the rate stays a plain step's
+    assert slow(1.0) == 1.0
 
 
 def test_cost_beyond_the_calibrated_range_grows_linearly():
@@ -79,6 +133,24 @@ def test_measured_costs_learn_the_machine_from_timed_rounds():
         assert cost(source, drafts) == pytest.approx(_true_seconds(source, drafts), rel=0.1), (source, drafts)
     cost.record("draft", 3, 10.0)  # a stall counts as three times the prediction, not as ten seconds
     assert cost("draft", 3) < 1.5 * _true_seconds("draft", 3)
+
+
+def test_measured_costs_keep_the_calibrated_shape_of_verification():
+    # a CPU-like curve: nearly flat up to 11 drafts, then a step (a kernel tile); rounds only ever verify 0, 3 or 16
+    curve = [1.0, 1.14, 1.22, 1.19, 1.19, 1.25, 1.26, 1.26, 1.32, 1.33, 1.38, 1.44, 1.71, 1.76, 1.78, 1.79, 1.84]
+
+    def seconds(source, drafts):
+        return 0.065 * curve[drafts] + 0.004 * (source == "draft")
+
+    shaped = MeasuredCost(ModelledCost(VerificationCost([1.0 + 0.5 * (c - 1.0) for c in curve]), {"draft": 0.1}),
+                          ANCHORS)  # the calibrated shape, at the wrong scale  # fmt: skip
+    straight = MeasuredCost(ModelledCost(VerificationCost([1.0 + 0.05 * k for k in range(17)]), {"draft": 0.1}), ANCHORS)
+    for source, drafts in [(None, 0), ("draft", 3), ("lookup", 16), ("draft", 3)] * 20:
+        shaped.record(source, drafts, seconds(source, drafts))
+        straight.record(source, drafts, seconds(source, drafts))
+    for drafts in (5, 10, 12):
+        assert shaped("lookup", drafts) == pytest.approx(seconds("lookup", drafts), rel=0.03)
+    assert straight("lookup", 10) > 1.1 * seconds("lookup", 10)  # a line through k = 3 and 16 overprices k = 10
 
 
 def test_measured_costs_follow_a_machine_that_slows_down():

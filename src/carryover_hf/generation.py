@@ -59,12 +59,11 @@ CARRYOVER_GENERATION_OPTIONS = {
     "expected tokens per unit of cost (`round_policy.CostAwarePolicy`; the lookup, backoff and confidence options "
     "then do not apply); 'rules': the rule-based policy those options drive (default: the drafter's; None: rules)",
     "verification_cost": "with round_policy='cost': None (default): each round's cost measured from the call's own "
-    "rounds (wall time; sampled outputs then keep the target's distribution but not a seed's exact tokens); "
+    "rounds (wall time), in the shape of the target's verification curve calibrated once per machine and cached on "
+    "disk (sampled outputs then keep the target's distribution but not a seed's exact tokens); "
     "'calibrate': calibrated on the target once and cached on disk; 'flat': every forward costs one step, as on a "
     "GPU; or a list of relative costs of verifying 0, 1, 2, ... drafts",
 }
-# The measured cost's prior: verifying k drafts costs 1 + this * k steps (a drafter proposal 0.1 more).
-MEASURED_COST_PRIOR_SLOPE = 0.05
 # "The drafter's" default: `drafter.generation_config` (`drafter_defaults`).
 # Options that choose another candidate generator: Transformers would ignore them next to a Carryover drafter.
 CONFLICTING_SPECULATION_OPTIONS = ("prompt_lookup_num_tokens", "assistant_early_exit", "speculation_type", "use_mtp")
@@ -675,9 +674,7 @@ def cost_aware_policy(target, drafter, input_ids, generation_config):
     max_drafts = max(block_size - 1, 16)
     cost = getattr(generation_config, "verification_cost", None)
     measured = cost is None
-    if cost is None:  # measured from this call's own rounds, from a prior that any timed round soon outweighs
-        cost = VerificationCost([1.0 + MEASURED_COST_PRIOR_SLOPE * k for k in range(max_drafts + 1)])
-    elif cost == "calibrate":
+    if cost is None or cost == "calibrate":  # measured: the calibrated curve's shape, scaled by the call's own rounds
         cost = calibrate(target, max_drafts)
     elif cost == "flat":
         cost = VerificationCost.flat(max_drafts)
@@ -687,7 +684,9 @@ def cost_aware_policy(target, drafter, input_ids, generation_config):
         raise ValueError(
             f"verification_cost must be None (measured), 'calibrate', 'flat' or a list of positive costs, got {cost!r}."
         )
-    cache = getattr(drafter, "suffix_cache", None) or SuffixCache(keep_outputs=False)
+    # Without a shared cache, this call's own: it offers up to `max_drafts` after any match, the policy's estimate
+    # per match length choosing how many to take (a shared cache keeps its own `alpha`).
+    cache = getattr(drafter, "suffix_cache", None) or SuffixCache(keep_outputs=False, alpha=float(max_drafts))
     session = cache.session(input_ids[0].tolist())
     if not measured:
         return CostAwarePolicy(block_size, generation_config.max_length, cost, session)

@@ -4,8 +4,13 @@ A round verifies `k` drafts in one target forward over `k + 1` tokens and return
 With `a_j` the chance that draft j is accepted given that drafts 1..j-1 were, the expected tokens of a round are
 `1 + sum_{j<=k} prod_{i<=j} a_i`, and its cost, in 1-token target steps, is `verify(k) + proposal`. The policy takes,
 per source (a drafter, a context lookup, a suffix cache: whatever offers drafts this round), the `k` that maximises
-expected tokens per unit of cost, and the best source; a plain step (k = 0, cost 1, one token) is always a candidate,
-so a round is never expected to be worse than the target alone.
+`expected tokens - rate * cost`, and the best source, where `rate` is the tokens per unit of cost the call has made
+so far: the time a round saves is the tokens it adds times the time a token takes on average (`1 / rate`), so a round
+is worth its extra cost only where its extra tokens come faster than that. A long lookup in repeating text is taken
+whole even where a shorter one would score more tokens per unit of cost, and a drafter round must beat the call's own
+pace, not just a plain step's. A plain step (k = 0, cost 1, one token) is always a candidate, and a proposal beats it
+only at more tokens per unit of cost than the rate, which is never below a plain step's: a round is never expected
+to be worse than the target alone.
 
 * Costs, in any unit as long as one: `ModelledCost` (a `VerificationCost` curve, `verify(k)` relative to a 1-token
   step, plus a fixed cost per proposal source), given (`VerificationCost.flat()`: every forward costs one step, as on
@@ -17,11 +22,12 @@ so a round is never expected to be worse than the target alone.
   verified round (`observe(drafted, accepted)`); it reads only rounds already verified, which is what keeps the
   choice lossless: it never looks at the target's output for the round being chosen. Round timings are past rounds
   too: a measured cost changes which lossless proposal is made, never what is accepted.
-* `best_proposal`: the choice.
+* `best_proposal`: the choice; `RateEstimate`: the call's tokens per unit of cost so far.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -30,8 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers.utils import logging
 
 from .compatibility import CACHE_ARGUMENT
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -62,6 +71,9 @@ class AcceptanceEstimate:
     decay: float = 1.0  # each round's counts weigh `decay` times the previous round's (1.0: no forgetting)
     accepted: list[float] = field(default_factory=list)
     reached: list[float] = field(default_factory=list)
+    # An estimate this one's rates shrink towards, position by position, instead of the Beta prior's chain: a suffix
+    # match of 4 tokens starts from what 3-token matches have shown, not from 1/2 (a longer match is no less reliable).
+    parent: "AcceptanceEstimate | None" = None
 
     def __post_init__(self):
         self.accepted = self.accepted or [0.0] * self.max_drafts
@@ -82,23 +94,31 @@ class AcceptanceEstimate:
         self.reached = [r * factor for r in self.reached]
 
     def conditional(self) -> list[float]:
-        """Position 1 from the Beta prior; each later position shrinks towards the rate before it (with the prior's
-        strength) rather than towards the prior's mean: positions rarely reached would otherwise stay near 1/2 and
-        make long proposals look better than the evidence says."""
+        """Each position's rate shrinks (with the prior's strength) towards the parent's rate at that position, or
+        without a parent: position 1 towards the Beta prior's mean and each later one towards the rate before it
+        rather than towards the mean (positions rarely reached would otherwise stay near 1/2 and make long proposals
+        look better than the evidence says)."""
         strength = self.prior_accept + self.prior_reject
+        parent = self.parent.conditional() if self.parent is not None else None
         rates, previous = [], self.prior_accept / strength if strength else 0.0
-        for a, r in zip(self.accepted, self.reached):
+        for j, (a, r) in enumerate(zip(self.accepted, self.reached)):
+            if parent is not None:
+                previous = parent[min(j, len(parent) - 1)]
             previous = (a + strength * previous) / (r + strength) if r + strength > 0 else previous
             rates.append(previous)
         return rates
 
     def expected_tokens(self, k: int) -> float:
         """1 + expected accepted drafts when k are offered."""
-        total, survive = 1.0, 1.0
+        return self.expected_tokens_up_to(k)[k]
+
+    def expected_tokens_up_to(self, k: int) -> list[float]:
+        """`expected_tokens(j)` for j = 0..k, from one pass over the rates."""
+        totals, survive = [1.0], 1.0
         for rate in self.conditional()[:k]:
             survive *= rate
-            total += survive
-        return total
+            totals.append(totals[-1] + survive)
+        return totals + [totals[-1]] * (k + 1 - len(totals))  # past max_drafts: nothing more
 
 
 @dataclass
@@ -116,9 +136,12 @@ class ModelledCost:
 class MeasuredCost:
     """The seconds a round takes, learnt from the rounds' own timings (`record`), starting from a `ModelledCost` prior.
 
-    A round (a proposal of k drafts, or a plain step with k = 0) is modelled as `c0 + c1 * drafter + c2 * k + c3 *
-    drafter * k` seconds: a step, a drafter forward, each verified draft, each drafted row (`drafter` is 1 when the
-    drafter proposed). The coefficients are a weighted least-squares fit of the rounds timed so far, recent rounds
+    A round (a proposal of k drafts, or a plain step with k = 0) is modelled as `c0 + c1 * drafter + c2 * v(k) + c3 *
+    drafter * k` seconds: a step, a drafter forward, the verification of k drafts, each drafted row (`drafter` is 1
+    when the drafter proposed), where `v(k) = prior.verification.verify(k) - 1` is the prior's shape of verification
+    cost in k (k itself where the prior is flat and has no shape): the fit scales it to this machine's seconds. A calibrated prior (`calibrate`) gives the target's real
+    shape (on a CPU nearly flat up to a tile size, then a step: 1.38 steps for 10 drafts, 1.71 for 12 on SmolLM2-135M);
+    a straight line would price mid-length proposals by the mean slope and make them look dearer than they are. The coefficients are a weighted least-squares fit of the rounds timed so far, recent rounds
     weighing more (`decay` per round), pulled towards the prior by pseudo-rounds at the prior's costs (in seconds from
     the first timed round on) that weigh `prior_rounds / (1 + timed rounds)`: they settle what the first rounds cannot
     tell (a k never tried) and fade as the rounds tell more. A round slower than `outlier` times the prediction (a page fault, the
@@ -127,6 +150,8 @@ class MeasuredCost:
     def __init__(self, prior: ModelledCost, anchors: list[tuple[str | None, int]], *, prior_rounds: float = 2.0,
                  decay: float = 0.98, outlier: float = 3.0):  # fmt: skip
         self.prior, self.anchors = prior, anchors
+        curve = prior.verification
+        self.shape = curve.verify if curve.verify(len(curve.relative) - 1) > curve.verify(0) else None
         self.prior_rounds, self.decay, self.outlier = prior_rounds, decay, outlier
         self.gram = [[0.0] * 4 for _ in range(4)]  # decayed sum of w x x^T over timed rounds, then the prior's
         self.moment = [0.0] * 4  # decayed sum of w x y
@@ -137,10 +162,10 @@ class MeasuredCost:
         self.timed: dict[str | None, int] = {}  # timed rounds per source (None: plain steps)
         self.coefficients: list[float] | None = None  # None: no timed round yet (the prior's units apply)
 
-    @staticmethod
-    def _features(source: str | None, drafts: int) -> list[float]:
+    def _features(self, source: str | None, drafts: int) -> list[float]:
         drafter = float(source == "draft")
-        return [1.0, drafter, float(drafts), drafter * drafts]
+        verification = self.shape(drafts) - 1.0 if self.shape is not None else float(drafts)
+        return [1.0, drafter, verification, drafter * drafts]
 
     def record(self, source: str | None, drafts: int, seconds: float) -> None:
         """A round just verified: `drafts` from `source` (None: a plain step) took `seconds`, proposal included."""
@@ -200,7 +225,27 @@ def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float]:
 class Choice:
     source: str | None  # None: a plain target step
     drafts: int
-    tokens_per_cost: float
+    value: float  # expected tokens - rate * cost
+
+
+@dataclass
+class RateEstimate:
+    """The tokens per unit of cost of a call's verified rounds, recent rounds weighing more (`decay` per round),
+    starting from `prior_rounds` plain steps (one token at the cost of a plain step)."""
+
+    decay: float = 0.98
+    prior_rounds: float = 2.0
+    tokens: float = 0.0
+    cost: float = 0.0
+
+    def observe(self, tokens: int, cost: float) -> None:
+        self.tokens = self.tokens * self.decay + tokens
+        self.cost = self.cost * self.decay + cost
+
+    def __call__(self, plain_step_cost: float) -> float:
+        """Tokens per unit of cost, never below a plain step's (`1 / plain_step_cost`, in the same units)."""
+        rate = (self.tokens + self.prior_rounds) / (self.cost + self.prior_rounds * plain_step_cost)
+        return max(rate, 1.0 / plain_step_cost)
 
 
 def best_proposal(
@@ -208,32 +253,39 @@ def best_proposal(
     available: Mapping[str, int],
     cost,
     drafts_only: bool = False,
+    rate: float | None = None,
 ) -> Choice:
-    """The source and draft count with the most expected tokens per unit of `cost(source, drafts)` (a `ModelledCost`
-    or `MeasuredCost`; a plain step, `cost(None, 0)`, returns one token; with `drafts_only` it is no candidate, and
-    the best proposal is returned even if it scores below a plain step).
+    """The source and draft count with the most `expected tokens - rate * cost(source, drafts)` (`cost` a
+    `ModelledCost` or `MeasuredCost`; `rate` in tokens per unit of that cost, by default a plain step's, and never
+    below it). A plain step, `cost(None, 0)`, returns one token; with `drafts_only` it is no candidate, and the best
+    proposal is returned even if it scores below a plain step.
 
     `available[source]` is how many drafts the source can offer this round (0 or absent: none)."""
-    best = Choice(None, 0, float("-inf") if drafts_only else 1.0 / cost(None, 0))
+    plain = cost(None, 0)
+    rate = max(rate or 0.0, 1.0 / plain)
+    best = Choice(None, 0, float("-inf") if drafts_only else 1.0 - rate * plain)
     for source, offered in available.items():
         if offered <= 0 or source not in estimates:
             continue
+        expected = estimates[source].expected_tokens_up_to(offered)
         for k in range(1, offered + 1):
-            value = estimates[source].expected_tokens(k) / cost(source, k)
-            if value > best.tokens_per_cost * (1 + 1e-12):
+            value = expected[k] - rate * cost(source, k)
+            if value > best.value + 1e-12 * abs(rate * plain):  # ties go to fewer drafts
                 best = Choice(source, k, value)
     return best
 
 
+SUFFIX_MATCH_BUCKETS = (1, 2, 3, 4, 8)  # matched lengths 1, 2, 3, 4-7 and 8 or more: one estimate each
+
+
 def suffix_estimate_key(match_length: int) -> str:
-    """The acceptance estimate a suffix match is scored against: one per matched length 2, 3, 4-7 and 8 or more."""
-    bucket = match_length if match_length < 4 else (4 if match_length < 8 else 8)
-    return f"lookup{bucket}"
+    """The acceptance estimate a suffix match is scored against: one per bucket of `SUFFIX_MATCH_BUCKETS`."""
+    return f"lookup{max(b for b in SUFFIX_MATCH_BUCKETS if b <= max(match_length, 1))}"
 
 
 class CostAwarePolicy:
     """A round policy with `ProposalPolicy`'s interface (`plan`, `drafted`, `confidence`, `lookup_drafts`) that picks
-    the source and draft count by `best_proposal`: the drafter (up to block size - 1 drafts, at `drafter_cost` steps a
+    the source and draft count by `best_proposal`, against the call's own rate so far (`RateEstimate`): the drafter (up to block size - 1 drafts, at `drafter_cost` steps a
     proposal) or a suffix match (`SuffixSession`: the live sequence and, with a shared `SuffixCache`, earlier calls;
     drafts with one-hot distributions under sampling, as a context lookup), else a plain step. With `measured=True`
     the costs are `MeasuredCost`, learnt from the time between one `plan` and the next (the round's proposal, its
@@ -271,6 +323,7 @@ class CostAwarePolicy:
         # repeating text is accepted far more often than a 2-token one, and one pooled estimate would hide that.
         self.estimates = {"draft": AcceptanceEstimate(block_size - 1)}
         self.decay = decay
+        self.rate = RateEstimate(decay)
         self.max_suffix_drafts = max_suffix_drafts
         self.probe_after, self.max_probe_after = probe_after, max_probe_after
         self.interval = probe_after
@@ -291,6 +344,7 @@ class CostAwarePolicy:
             source, drafted = self.last
             if isinstance(self.cost, MeasuredCost) and self.started is not None:
                 self.cost.record(source, drafted, now - self.started)
+            self.rate.observe(1 + (accepted_drafts if source is not None else 0), self.cost(source, drafted))
             if source is not None:
                 self.estimates[self.last_estimate].observe(drafted, accepted_drafts)
                 if self.probing:
@@ -314,16 +368,16 @@ class CostAwarePolicy:
                 suffix_drafts = proposal.tokens
                 available["lookup"] = len(suffix_drafts)
                 keys["lookup"] = suffix_estimate_key(proposal.match_length)
-                if keys["lookup"] not in self.estimates:
-                    self.estimates[keys["lookup"]] = AcceptanceEstimate(self.max_suffix_drafts)
+                self._suffix_estimate(keys["lookup"])
                 estimates["lookup"] = self.estimates[keys["lookup"]]
-        choice = best_proposal(estimates, available, self.cost)
+        rate = self.rate(self.cost(None, 0))
+        choice = best_proposal(estimates, available, self.cost, rate=rate)
         if choice.source is None and self.plain_streak + 1 >= self.interval:  # a probe: the best proposal there is
-            choice, self.probing = best_proposal(estimates, available, self.cost, drafts_only=True), True
+            choice, self.probing = best_proposal(estimates, available, self.cost, drafts_only=True, rate=rate), True
         elif choice.source is not None and self.choices and isinstance(self.cost, MeasuredCost) and not self.cost.timed.get(None):
             # The plain step is what every proposal is weighed against: time one (the second round) rather than
             # trust the prior's guess of it, which no later round would correct while proposals keep winning.
-            choice = Choice(None, 0, 1.0 / self.cost(None, 0))
+            choice = Choice(None, 0, 1.0 - rate * self.cost(None, 0))
         self.choices.append(choice)
         self.last = (choice.source, choice.drafts)
         self.last_estimate = keys.get(choice.source)
@@ -335,6 +389,15 @@ class CostAwarePolicy:
             drafts = torch.tensor(suffix_drafts[: choice.drafts], dtype=input_ids.dtype, device=input_ids.device)
             return RoundPlan("lookup", drafts=drafts)
         return RoundPlan("draft", num_drafts=choice.drafts)
+
+    def _suffix_estimate(self, key: str) -> AcceptanceEstimate:
+        """The estimate for a bucket of matched lengths, made on first use with the next shorter bucket as parent."""
+        if key not in self.estimates:
+            bucket = int(key.removeprefix("lookup"))
+            shorter = [b for b in SUFFIX_MATCH_BUCKETS if b < bucket]
+            parent = self._suffix_estimate(f"lookup{shorter[-1]}") if shorter else None
+            self.estimates[key] = AcceptanceEstimate(self.max_suffix_drafts, parent=parent)
+        return self.estimates[key]
 
     def drafted(self, num_drafts: int) -> None:
         """The drafter proposed `num_drafts` drafts (fewer than planned only at the end of the length budget)."""
@@ -364,12 +427,16 @@ def calibrate(
     from transformers import DynamicCache
 
     device, dtype = next(target.parameters()).device, next(target.parameters()).dtype
+    # what decides the curve's shape besides device, dtype and threads: the architecture and the kernels it runs
+    # (module classes: the CPU kernels swap in packed linears), as a short digest
+    layout = target.config.to_json_string(use_diff=False) + ",".join(sorted({type(m).__name__ for m in target.modules()}))
     key = {"model": str(getattr(target.config, "_name_or_path", "") or type(target).__name__), "device": str(device),
            "dtype": str(dtype).replace("torch.", ""), "threads": str(torch.get_num_threads()),
-           "max_drafts": str(max_drafts)}  # fmt: skip
+           "max_drafts": str(max_drafts), "layout": hashlib.sha256(layout.encode()).hexdigest()[:10]}  # fmt: skip
     path = _cache_file(key)
     if cache and path.is_file():
         return VerificationCost(json.loads(path.read_text())["relative"])
+    logger.info(f"Timing the target's forward over 1 to {max_drafts + 1} new tokens once; cached in {path}.")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     vocab = target.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(0)
@@ -401,6 +468,7 @@ __all__ = [
     "CostAwarePolicy",
     "MeasuredCost",
     "ModelledCost",
+    "RateEstimate",
     "VerificationCost",
     "best_proposal",
     "calibrate",
