@@ -44,7 +44,9 @@ def _other_end() -> str:
 def _environment(requirement: str) -> Path:
     folder = ROOT / ".cache" / ("transformers-env-" + "".join(c if c.isalnum() else "_" for c in requirement))
     python = folder / "bin" / "python"
-    if (folder / "ready").is_file():
+    # made for this project environment (its `.pth` names that environment's site-packages), else made again
+    stamp = requirement + "\n" + sysconfig.get_paths()["purelib"] + "\n"
+    if (folder / "ready").is_file() and (folder / "ready").read_text() == stamp:
         return python
     venv.EnvBuilder(with_pip=False, clear=True).create(folder)
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -55,7 +57,7 @@ def _environment(requirement: str) -> Path:
                             capture_output=True, text=True, timeout=600)  # fmt: skip
     if result.returncode != 0:
         pytest.fail(f"pip could not install {requirement} into {folder}: {result.stderr[-2000:]}")
-    (folder / "ready").write_text(requirement + "\n")
+    (folder / "ready").write_text(stamp)
     return python
 
 
