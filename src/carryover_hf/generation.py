@@ -674,7 +674,14 @@ def cost_aware_policy(target, drafter, input_ids, generation_config):
     max_drafts = max(block_size - 1, 16)
     cost = getattr(generation_config, "verification_cost", None)
     measured = cost is None
-    if cost is None or cost == "calibrate":  # measured: the calibrated curve's shape, scaled by the call's own rounds
+    if measured:  # the calibrated curve's shape, scaled by the rounds' own timings
+        # Round costs are the machine's, not the call's: a call goes on from what earlier calls with this target
+        # measured (kept on the drafter, per target, device, dtype and thread count), calibrated shape included.
+        key = (id(target), str(target.device), str(target.dtype), torch.get_num_threads())
+        learnt = drafter.__dict__.setdefault("_measured_round_costs", {})
+        earlier = learnt.get(key)
+        cost = earlier.prior.verification if earlier is not None else calibrate(target, max_drafts)
+    elif cost == "calibrate":
         cost = calibrate(target, max_drafts)
     elif cost == "flat":
         cost = VerificationCost.flat(max_drafts)
@@ -690,11 +697,8 @@ def cost_aware_policy(target, drafter, input_ids, generation_config):
     session = cache.session(input_ids[0].tolist())
     if not measured:
         return CostAwarePolicy(block_size, generation_config.max_length, cost, session)
-    # Round costs are the machine's, not the call's: a call goes on from what earlier calls with this target measured
-    # (kept on the drafter, per target, device, dtype and thread count).
-    key = (id(target), str(target.device), str(target.dtype), torch.get_num_threads())
-    learnt = drafter.__dict__.setdefault("_measured_round_costs", {})
-    policy = CostAwarePolicy(block_size, generation_config.max_length, cost, session, measured=learnt.get(key, True))
+    policy = CostAwarePolicy(block_size, generation_config.max_length, cost, session,
+                             measured=earlier if earlier is not None else True)  # fmt: skip
     learnt[key] = policy.cost
     return policy
 

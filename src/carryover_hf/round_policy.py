@@ -368,8 +368,7 @@ class CostAwarePolicy:
                 suffix_drafts = proposal.tokens
                 available["lookup"] = len(suffix_drafts)
                 keys["lookup"] = suffix_estimate_key(proposal.match_length)
-                self._suffix_estimate(keys["lookup"])
-                estimates["lookup"] = self.estimates[keys["lookup"]]
+                estimates["lookup"] = self._suffix_estimate(keys["lookup"])
         rate = self.rate(self.cost(None, 0))
         choice = best_proposal(estimates, available, self.cost, rate=rate)
         if choice.source is None and self.plain_streak + 1 >= self.interval:  # a probe: the best proposal there is
