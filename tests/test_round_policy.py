@@ -46,9 +46,34 @@ def test_a_longer_suffix_match_starts_from_what_shorter_matches_showed():
         longer.observe(4, 0)  # its own evidence wins
     assert longer.conditional()[0] < 0.2
     policy = CostAwarePolicy(4, 1000, VerificationCost.flat(16), SuffixCache().session([1, 2, 3]))
-    eight = policy._suffix_estimate(suffix_estimate_key(9))
-    assert suffix_estimate_key(9) == "lookup8" and eight.parent is policy.estimates["lookup4"]
-    assert policy.estimates["lookup4"].parent is policy.estimates["lookup3"]
+    eight = policy._estimate(suffix_estimate_key(9))
+    memory = policy.memory.estimates
+    assert suffix_estimate_key(9) == "lookup8" and eight.parent is memory["lookup8"]
+    assert memory["lookup8"].parent is memory["lookup4"] and memory["lookup4"].parent is memory["lookup3"]
+
+
+def test_a_call_starts_from_what_earlier_calls_rounds_showed():
+    from carryover_hf.round_policy import AcceptanceMemory, CostAwarePolicy
+
+    cpu = VerificationCost([1.0, 1.1, 1.15, 1.17])
+    memory = AcceptanceMemory()
+    fresh = CostAwarePolicy(4, 1000, cpu, drafter_cost=0.1, memory=memory)
+    assert fresh.estimates["draft"].conditional() == pytest.approx([0.5] * 3)  # nothing seen yet: the Beta prior
+    for step in range(30):  # a first call whose drafter never gets a draft accepted
+        plan = _plan(fresh, list(range(step + 1)), 0)
+        if plan.kind == "draft":
+            fresh.drafted(plan.num_drafts)
+    proposals = sum(choice.source == "draft" for choice in fresh.choices)
+    assert memory.estimates["draft"].conditional()[0] < 0.2
+    later = CostAwarePolicy(4, 1000, cpu, drafter_cost=0.1, memory=memory)
+    # the next call's first round already knows: a plain step, where a call of its own would try the drafter
+    assert _plan(later, [1, 2, 3], 0).kind == "plain"
+    assert _plan(CostAwarePolicy(4, 1000, cpu, drafter_cost=0.1), [1, 2, 3], 0).kind == "draft"
+    assert proposals >= 3  # probes kept feeding the memory
+    for _ in range(40):  # and its own rounds take over: a drafter that is now always right
+        later.memory.estimate("draft", 3).observe(3, 3)
+        later.estimates["draft"].observe(3, 3)
+    assert later.estimates["draft"].conditional()[0] > 0.8
 
 
 def test_free_verification_takes_full_blocks_and_costly_verification_of_bad_drafts_takes_a_plain_step():

@@ -667,18 +667,22 @@ def cost_aware_policy(target, drafter, input_ids, generation_config):
     """`round_policy="cost"`: a `round_policy.CostAwarePolicy` over the drafter and a suffix match (the drafter's
     `suffix_cache` when one is set, shared across calls; else this call's sequence alone), with the verification cost
     of `verification_cost`."""
-    from .round_policy import CostAwarePolicy, VerificationCost, calibrate
+    from .round_policy import AcceptanceMemory, CostAwarePolicy, VerificationCost, calibrate
     from .suffix_cache import SuffixCache
 
     block_size = drafter.config.block_size
     max_drafts = max(block_size - 1, 16)
+    # What earlier calls learnt goes on with the next, kept on the drafter (runtime state, never saved): acceptance
+    # per source, per target and sampling temperature (`AcceptanceMemory`), and below, measured round costs.
+    learnt = drafter.__dict__.setdefault("_round_policy_memory", {})
+    temperature = generation_config.temperature if generation_config.do_sample else 0.0
+    memory = learnt.setdefault(("acceptance", id(target), temperature), AcceptanceMemory())
     cost = getattr(generation_config, "verification_cost", None)
     measured = cost is None
     if measured:  # the calibrated curve's shape, scaled by the rounds' own timings
         # Round costs are the machine's, not the call's: a call goes on from what earlier calls with this target
-        # measured (kept on the drafter, per target, device, dtype and thread count), calibrated shape included.
-        key = (id(target), str(target.device), str(target.dtype), torch.get_num_threads())
-        learnt = drafter.__dict__.setdefault("_measured_round_costs", {})
+        # measured (per target, device, dtype and thread count), calibrated shape included.
+        key = ("cost", id(target), str(target.device), str(target.dtype), torch.get_num_threads())
         earlier = learnt.get(key)
         cost = earlier.prior.verification if earlier is not None else calibrate(target, max_drafts)
     elif cost == "calibrate":
@@ -696,8 +700,8 @@ def cost_aware_policy(target, drafter, input_ids, generation_config):
     cache = getattr(drafter, "suffix_cache", None) or SuffixCache(keep_outputs=False, alpha=float(max_drafts))
     session = cache.session(input_ids[0].tolist())
     if not measured:
-        return CostAwarePolicy(block_size, generation_config.max_length, cost, session)
-    policy = CostAwarePolicy(block_size, generation_config.max_length, cost, session,
+        return CostAwarePolicy(block_size, generation_config.max_length, cost, session, memory=memory)
+    policy = CostAwarePolicy(block_size, generation_config.max_length, cost, session, memory=memory,
                              measured=earlier if earlier is not None else True)  # fmt: skip
     learnt[key] = policy.cost
     return policy

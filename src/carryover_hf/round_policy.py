@@ -276,11 +276,34 @@ def best_proposal(
 
 
 SUFFIX_MATCH_BUCKETS = (1, 2, 3, 4, 8)  # matched lengths 1, 2, 3, 4-7 and 8 or more: one estimate each
+# A longer match's estimate starts from the next shorter one's (a match of 4 tokens is no less reliable than one of 3)
+SHORTER_MATCH = {f"lookup{b}": f"lookup{a}" for a, b in zip(SUFFIX_MATCH_BUCKETS, SUFFIX_MATCH_BUCKETS[1:])}
 
 
 def suffix_estimate_key(match_length: int) -> str:
     """The acceptance estimate a suffix match is scored against: one per bucket of `SUFFIX_MATCH_BUCKETS`."""
     return f"lookup{max(b for b in SUFFIX_MATCH_BUCKETS if b <= max(match_length, 1))}"
+
+
+class AcceptanceMemory:
+    """What the rounds of a target and drafter have shown across `generate` calls, per estimate key ("draft", a suffix
+    match bucket): an empirical-Bayes prior. A call's estimate of a source starts from the memory's (its `parent`, at
+    the Beta prior's strength) instead of from 1/2, so the first rounds of a short call already propose what earlier
+    calls found worth proposing, and the call's own rounds take over as they come (after 5 rounds at a position the
+    memory weighs 2/7). The memory observes every verified round of every call and weighs each round `decay` times the
+    one after it (about the last 1 / (1 - decay) rounds of a source count), so it follows a workload that changes; a
+    longer suffix match's estimate starts from the next shorter one's (`SHORTER_MATCH`). Without earlier calls it is
+    the call's own rounds pooled, which is what a fresh memory per call gives."""
+
+    def __init__(self, decay: float = 0.99):
+        self.decay = decay
+        self.estimates: dict[str, AcceptanceEstimate] = {}
+
+    def estimate(self, key: str, max_drafts: int) -> AcceptanceEstimate:
+        if key not in self.estimates:
+            parent = self.estimate(SHORTER_MATCH[key], max_drafts) if key in SHORTER_MATCH else None
+            self.estimates[key] = AcceptanceEstimate(max_drafts, decay=self.decay, parent=parent)
+        return self.estimates[key]
 
 
 class CostAwarePolicy:
@@ -304,12 +327,13 @@ class CostAwarePolicy:
         *,
         drafter_cost: float = 0.1,
         measured: bool | MeasuredCost = False,
+        memory: AcceptanceMemory | None = None,
         max_suffix_drafts: int = 16,
         decay: float = 0.98,
         probe_after: int = 2,
         max_probe_after: int = 32,
     ):
-        self.block_size, self.max_length = block_size, max_length
+        self.block_size, self.max_length, self.max_suffix_drafts = block_size, max_length, max_suffix_drafts
         self.suffix = suffix_session
         self.cost = ModelledCost(cost, {"draft": drafter_cost})
         if isinstance(measured, MeasuredCost):  # what earlier calls on this machine measured, learning on
@@ -320,11 +344,13 @@ class CostAwarePolicy:
         self.confidence = None  # no confidence cut: the length is chosen here
         self.lookup_drafts = max_suffix_drafts if suffix_session is not None else None
         # Acceptance per source; a suffix match's by the length that matched (`suffix_estimate_key`): a long match in
-        # repeating text is accepted far more often than a 2-token one, and one pooled estimate would hide that.
-        self.estimates = {"draft": AcceptanceEstimate(block_size - 1)}
+        # repeating text is accepted far more often than a 2-token one, and one pooled estimate would hide that. Each
+        # starts from the memory's estimate of its key (earlier calls' rounds, or a fresh memory: this call's pooled).
+        self.memory = memory if memory is not None else AcceptanceMemory()
+        self.estimates: dict[str, AcceptanceEstimate] = {}
+        self._estimate("draft")
         self.decay = decay
         self.rate = RateEstimate(decay)
-        self.max_suffix_drafts = max_suffix_drafts
         self.probe_after, self.max_probe_after = probe_after, max_probe_after
         self.interval = probe_after
         self.plain_streak = 0
@@ -347,6 +373,8 @@ class CostAwarePolicy:
             self.rate.observe(1 + (accepted_drafts if source is not None else 0), self.cost(source, drafted))
             if source is not None:
                 self.estimates[self.last_estimate].observe(drafted, accepted_drafts)
+                self.memory.estimate(self.last_estimate, self.estimates[self.last_estimate].max_drafts).observe(
+                    drafted, accepted_drafts)  # fmt: skip
                 if self.probing:
                     self.interval = (self.probe_after if accepted_drafts > 0
                                      else min(2 * self.interval, self.max_probe_after))  # fmt: skip
@@ -368,7 +396,7 @@ class CostAwarePolicy:
                 suffix_drafts = proposal.tokens
                 available["lookup"] = len(suffix_drafts)
                 keys["lookup"] = suffix_estimate_key(proposal.match_length)
-                estimates["lookup"] = self._suffix_estimate(keys["lookup"])
+                estimates["lookup"] = self._estimate(keys["lookup"])
         rate = self.rate(self.cost(None, 0))
         choice = best_proposal(estimates, available, self.cost, rate=rate)
         if choice.source is None and self.plain_streak + 1 >= self.interval:  # a probe: the best proposal there is
@@ -389,13 +417,12 @@ class CostAwarePolicy:
             return RoundPlan("lookup", drafts=drafts)
         return RoundPlan("draft", num_drafts=choice.drafts)
 
-    def _suffix_estimate(self, key: str) -> AcceptanceEstimate:
-        """The estimate for a bucket of matched lengths, made on first use with the next shorter bucket as parent."""
+    def _estimate(self, key: str) -> AcceptanceEstimate:
+        """This call's estimate for a source ("draft") or a bucket of matched lengths, made on first use with the
+        memory's estimate of the same key as parent."""
         if key not in self.estimates:
-            bucket = int(key.removeprefix("lookup"))
-            shorter = [b for b in SUFFIX_MATCH_BUCKETS if b < bucket]
-            parent = self._suffix_estimate(f"lookup{shorter[-1]}") if shorter else None
-            self.estimates[key] = AcceptanceEstimate(self.max_suffix_drafts, parent=parent)
+            max_drafts = self.block_size - 1 if key == "draft" else self.max_suffix_drafts
+            self.estimates[key] = AcceptanceEstimate(max_drafts, parent=self.memory.estimate(key, max_drafts))
         return self.estimates[key]
 
     def drafted(self, num_drafts: int) -> None:
@@ -463,6 +490,7 @@ def calibrate(
 
 __all__ = [
     "AcceptanceEstimate",
+    "AcceptanceMemory",
     "Choice",
     "CostAwarePolicy",
     "MeasuredCost",
