@@ -16,9 +16,9 @@ from test_generation_sampling import assert_matches, exact_distribution, sample_
 
 VOCAB = 16
 # Free verification (full blocks pay), a cost that rises steeply (short proposals or plain steps pay), and the
-# default: each round's cost measured from the call's own rounds.
+# greedy default: each round's cost measured from the call's own rounds.
 COSTS = {"flat": "flat", "steep": [1.0, 1.6, 2.2, 2.8, 3.4, 4.0, 4.6, 5.2, 5.8, 6.4, 7.0, 7.6, 8.2, 8.8, 9.4, 10.0, 10.6],
-         "measured": None}  # fmt: skip
+         "measured": "measured"}  # fmt: skip
 
 
 class Plans(carryover_hf.generation.RoundObserver):
@@ -168,3 +168,35 @@ def test_the_drafters_generation_config_chooses_the_policy_and_a_call_overrides_
     with pytest.raises(ValueError, match="round_policy must be one of"):
         drafter.generation_config.round_policy = "fastest"
         target.generate(prompt, assistant_model=drafter, **kwargs)
+
+
+def test_by_default_a_seed_reproduces_a_sample_and_greedy_calls_go_on_from_earlier_ones(targets, tmp_path, monkeypatch):
+    from carryover_hf.round_policy import MeasuredCost, ModelledCost
+
+    monkeypatch.setenv("CARRYOVER_HF_CACHE", str(tmp_path))  # the calibration is timed here, once
+    target = targets[1]
+    drafter = tiny_drafter(target, block_size=4, seed=2)
+
+    class Policy(carryover_hf.generation.RoundObserver):
+        def generation_started(self, generator):
+            self.policy = generator.policy
+
+    prompt = torch.tensor([[1, 2, 3, 4, 1, 2]])
+    kwargs = dict(max_new_tokens=16, attention_mask=torch.ones_like(prompt), round_policy="cost")
+    samples, memories = [], []
+    with carryover_hf.generation.observing_rounds(drafter, Policy()) as seen:
+        for _ in range(2):  # sampling: a calibrated curve and this call's rounds alone decide
+            torch.manual_seed(3)
+            samples.append(target.generate(prompt, assistant_model=drafter, do_sample=True, temperature=0.8, **kwargs))
+            assert isinstance(seen.policy.cost, ModelledCost)
+            memories.append(seen.policy.memory)
+        assert torch.equal(samples[0], samples[1]) and memories[0] is not memories[1]
+        for _ in range(2):  # greedy: costs measured, and what earlier calls saw carries over
+            target.generate(prompt, assistant_model=drafter, do_sample=False, **kwargs)
+            assert isinstance(seen.policy.cost, MeasuredCost)
+            memories.append(seen.policy.memory)
+        assert memories[2] is memories[3] and memories[3].estimates["draft"].reached[0] > 0
+        torch.manual_seed(3)  # a call that asks for measured costs goes on from earlier calls at its own temperature
+        target.generate(prompt, assistant_model=drafter, do_sample=True, temperature=0.8, verification_cost="measured",
+                        **kwargs)  # fmt: skip
+        assert isinstance(seen.policy.cost, MeasuredCost) and seen.policy.memory is not memories[3]

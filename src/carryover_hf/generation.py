@@ -58,11 +58,12 @@ CARRYOVER_GENERATION_OPTIONS = {
     "round_policy": "'cost': choose each round's source (drafter, suffix match, plain step) and draft count by "
     "expected tokens per unit of cost (`round_policy.CostAwarePolicy`; the lookup, backoff and confidence options "
     "then do not apply); 'rules': the rule-based policy those options drive (default: the drafter's; None: rules)",
-    "verification_cost": "with round_policy='cost': None (default): each round's cost measured from the call's own "
+    "verification_cost": "with round_policy='cost': 'measured': each round's cost measured from the call's own "
     "rounds (wall time), in the shape of the target's verification curve calibrated once per machine and cached on "
     "disk (sampled outputs then keep the target's distribution but not a seed's exact tokens); "
     "'calibrate': calibrated on the target once and cached on disk; 'flat': every forward costs one step, as on a "
-    "GPU; or a list of relative costs of verifying 0, 1, 2, ... drafts",
+    "GPU; or a list of relative costs of verifying 0, 1, 2, ... drafts. None (default): 'measured' when greedy, "
+    "'calibrate' when sampling (a seed reproduces the sample)",
 }
 # "The drafter's" default: `drafter.generation_config` (`drafter_defaults`).
 # Options that choose another candidate generator: Transformers would ignore them next to a Carryover drafter.
@@ -672,13 +673,18 @@ def cost_aware_policy(target, drafter, input_ids, generation_config):
 
     block_size = drafter.config.block_size
     max_drafts = max(block_size - 1, 16)
-    # What earlier calls learnt goes on with the next, kept on the drafter (runtime state, never saved): acceptance
-    # per source, per target and sampling temperature (`AcceptanceMemory`), and below, measured round costs.
-    learnt = drafter.__dict__.setdefault("_round_policy_memory", {})
-    temperature = generation_config.temperature if generation_config.do_sample else 0.0
-    memory = learnt.setdefault(("acceptance", id(target), temperature), AcceptanceMemory())
+    sampling = bool(generation_config.do_sample)
     cost = getattr(generation_config, "verification_cost", None)
-    measured = cost is None
+    if cost is None:  # measured where timings cannot change the output (greedy); where a seed must reproduce a sample,
+        cost = "calibrate" if sampling else "measured"  # a curve fixed once per machine
+    measured = cost == "measured"
+    # What earlier calls learnt goes on with the next, kept on the drafter (runtime state, never saved): acceptance per
+    # source, per target and temperature (`AcceptanceMemory`), and measured round costs. Only where that cannot change
+    # the output (greedy) or the call asked for timings to decide (measured): else a seed gives the same sample twice.
+    learnt = drafter.__dict__.setdefault("_round_policy_memory", {})
+    temperature = generation_config.temperature if sampling else 0.0
+    shared = measured or not sampling
+    memory = learnt.setdefault(("acceptance", id(target), temperature), AcceptanceMemory()) if shared else None
     if measured:  # the calibrated curve's shape, scaled by the rounds' own timings
         # Round costs are the machine's, not the call's: a call goes on from what earlier calls with this target
         # measured (per target, device, dtype and thread count), calibrated shape included.
@@ -693,7 +699,8 @@ def cost_aware_policy(target, drafter, input_ids, generation_config):
         cost = VerificationCost([float(c) for c in cost])
     else:
         raise ValueError(
-            f"verification_cost must be None (measured), 'calibrate', 'flat' or a list of positive costs, got {cost!r}."
+            f"verification_cost must be None (default), 'measured', 'calibrate', 'flat' or a list of positive costs, "
+            f"got {cost!r}."
         )
     # Without a shared cache, this call's own: it offers up to `max_drafts` after any match, the policy's estimate
     # per match length choosing how many to take (a shared cache keeps its own `alpha`).

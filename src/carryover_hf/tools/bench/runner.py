@@ -109,9 +109,10 @@ class BenchmarkSettings:
     )
     verification_cost: str | None = field(
         default=None,
-        metadata={"help": "Verification cost of the 'policy' methods: unset (measured from each call's own rounds), "
-                  "'calibrate', 'flat' (every forward costs one step, as on a GPU) or comma-separated relative costs "
-                  "of verifying 0, 1, 2, ... drafts."},
+        metadata={"help": "Verification cost of the 'policy' methods: unset (generate's default: measured from each "
+                  "call's own rounds when greedy, calibrated when sampling), 'measured', 'calibrate', 'flat' (every "
+                  "forward costs one step, as on a GPU) or comma-separated relative costs of verifying 0, 1, 2, ... "
+                  "drafts."},
     )
     overhead: bool = field(default=True, metadata={"help": "Measure the carry overhead of each drafter in isolation."})
     overhead_context_lengths: list[int] = field(
@@ -173,14 +174,14 @@ class BenchmarkSettings:
 def verification_cost(settings: BenchmarkSettings) -> str | list[float] | None:
     """`--verification_cost` as `generate` takes it (checked: a clear error before any model is loaded)."""
     value = settings.verification_cost
-    if value in (None, "calibrate", "flat"):
+    if value in (None, "measured", "calibrate", "flat"):
         return value
     try:
         costs = [float(v) for v in value.split(",")]
     except ValueError:
         costs = []
     if len(costs) < 2 or min(costs) <= 0:
-        raise ValueError(f"--verification_cost must be 'calibrate', 'flat' or at least two positive numbers 'c0,c1,..."
+        raise ValueError(f"--verification_cost must be 'measured', 'calibrate', 'flat' or at least two positive numbers 'c0,c1,..."
                          f"', got {value!r}")  # fmt: skip
     return costs
 
