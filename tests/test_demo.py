@@ -6,6 +6,7 @@ import huggingface_hub.constants
 import pytest
 from transformers import AutoModel
 
+import carryover_hf.generation
 from carryover_hf import CarryoverDrafterModel
 from carryover_hf.tools import demo
 from carryover_hf.tools.bench.prompts import tiny_prompts
@@ -42,6 +43,34 @@ def test_demo_reports_identical_greedy_outputs_speedup_and_acceptance():
     assert "lookup off, backoff off" in demo.format_summary(alone)
 
 
+def test_demo_runs_the_drafters_own_round_policy(tmp_path, monkeypatch):
+    from carryover_hf.round_policy import CostAwarePolicy
+
+    monkeypatch.setenv("CARRYOVER_HF_CACHE", str(tmp_path))  # the calibration is timed here, in the warm-up
+    target = skew_towards_token(tiny_target("llama", vocab_size=64, hidden_size=64, num_hidden_layers=4), 5, 4.0)
+    drafter = tiny_drafter(target, num_hidden_layers=1, block_size=4, lookup_drafts=10, proposal_backoff=8)
+    drafter.generation_config.round_policy = "cost"  # as the shipped drafters are published
+    prompts = tiny_prompts(2, vocab_size=64)
+
+    class Policies(carryover_hf.generation.RoundObserver):
+        kinds = set()
+
+        def generation_started(self, generator):
+            self.kinds.add(type(generator.policy).__name__)
+
+    with carryover_hf.generation.observing_rounds(drafter, Policies()) as seen:
+        summary = demo.run_demo(demo.DemoArguments(max_new_tokens=12), target=target, drafter=drafter, prompts=prompts)
+    assert seen.kinds == {CostAwarePolicy.__name__} and summary["round_policy"] == "cost"
+    assert summary["all_identical"] and summary["lookup_drafts"] is None
+    assert "CPU kernels on, cost-aware round policy, T=0.0" in demo.format_summary(summary)
+    rules = demo.run_demo(demo.DemoArguments(max_new_tokens=12, round_policy="rules"), target=target, drafter=drafter,
+                          prompts=prompts[:1])  # fmt: skip
+    assert rules["round_policy"] == "rules" and (rules["lookup_drafts"], rules["proposal_backoff"]) == (10, 8)
+    given = demo.run_demo(demo.DemoArguments(max_new_tokens=12, lookup_drafts=4), target=target, drafter=drafter,
+                          prompts=prompts[:1])  # fmt: skip
+    assert given["round_policy"] == "rules" and given["lookup_drafts"] == 4  # a rules option given: the rules
+
+
 def test_demo_rejects_bad_options_before_loading_anything(capsys):
     assert demo.main(["--categories", "poetry", "--target", "/nonexistent"]) == 2
     assert "unknown categories ['poetry']" in capsys.readouterr().err
@@ -49,6 +78,10 @@ def test_demo_rejects_bad_options_before_loading_anything(capsys):
     assert "needs float32 on CPU" in capsys.readouterr().err
     assert demo.main(["--lookup_drafts", "-1", "--target", "/nonexistent"]) == 2
     assert "--lookup_drafts and --proposal_backoff must be >= 0" in capsys.readouterr().err
+    assert demo.main(["--round_policy", "fast", "--target", "/nonexistent"]) == 2
+    assert "--round_policy must be 'rules' or 'cost', got 'fast'" in capsys.readouterr().err
+    assert demo.main(["--round_policy", "cost", "--lookup_drafts", "4", "--target", "/nonexistent"]) == 2
+    assert "drive --round_policy rules" in capsys.readouterr().err
 
 
 def test_shipped_drafter_loads_by_repo_id_from_the_local_hub_cache(tmp_path, monkeypatch):

@@ -99,6 +99,10 @@ def test_card_names_the_proposal_defaults_the_drafter_is_published_with(drafter)
             "`generate` call that passes its own options overrides them) |") in text
     assert "Proposal defaults" not in render_model_card(drafter.config, generation_config=defaults,
                                                         export_format="speculators").text
+    defaults.round_policy = "cost"  # the policy first, then what the rules would run
+    assert ('| Proposal defaults | cost-aware round policy (`round_policy="cost"`: each round\'s source and number of '
+            'drafts chosen by expected tokens per unit of cost on the machine it runs on); with `round_policy="rules"`: '
+            "context lookup of 10 tokens") in render_model_card(drafter.config, generation_config=defaults).text
     # An old config.json that still holds them: the card reads them from there.
     old = CarryoverDrafterConfig.from_dict({**drafter.config.to_dict(), "lookup_drafts": 10, "proposal_backoff": 8})
     assert "context lookup of 10 tokens in front of the drafter; proposal backoff 8" in render_model_card(old).text

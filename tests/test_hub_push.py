@@ -103,6 +103,11 @@ def test_push_command_sets_the_proposal_defaults_and_refuses_a_bad_one_before_wr
     assert config["lookup_backoff"] is None and config["use_carryover"] is True  # not given: as saved
     assert not {"lookup_drafts", "use_carryover"} & set(json.loads((tmp_path / "dry" / "config.json").read_text()))
     assert "context lookup of 10 tokens" in (tmp_path / "dry" / "README.md").read_text()
+    assert config["round_policy"] is None  # not given: as saved (the rules)
+    assert push_module.main(base + options + ["--round-policy", "cost", "--dry-run", str(tmp_path / "cost")]) == 0
+    assert AutoModel.from_pretrained(tmp_path / "cost").generation_config.round_policy == "cost"
+    card = (tmp_path / "cost" / "README.md").read_text()
+    assert 'cost-aware round policy (`round_policy="cost"`' in card and "context lookup of 10 tokens" in card
     assert push_module.main(base + ["--carry", "off", "--dry-run", str(tmp_path / "off")]) == 0
     loaded = AutoModel.from_pretrained(tmp_path / "off")
     assert loaded.generation_config.use_carryover is False and loaded.generation_config.lookup_drafts is None

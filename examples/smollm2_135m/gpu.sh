@@ -67,6 +67,7 @@ REPO_PREFIX=${REPO_PREFIX:-carryover-hf/smollm2-135m}
 # those of the CPU-trained SmolLM2 drafters (proposal_defaults.sh).
 . examples/smollm2_135m/proposal_defaults.sh
 LOOKUP_DRAFTS=${LOOKUP_DRAFTS:-$SMOLLM2_LOOKUP_DRAFTS} PROPOSAL_BACKOFF=${PROPOSAL_BACKOFF:-$SMOLLM2_PROPOSAL_BACKOFF}
+ROUND_POLICY=${ROUND_POLICY:-$SMOLLM2_ROUND_POLICY}
 RUNS=${RUNS:-runs/smollm2-135m-gpu-$KIND}
 OUT_DIR=${OUT_DIR:-$RUNS/out}
 DATA=${DATASET:-$RUNS/regenerated}
@@ -99,6 +100,7 @@ at_least TOP_K 0
 at_least DATALOADER_WORKERS 0
 at_least LOOKUP_DRAFTS 0
 at_least PROPOSAL_BACKOFF 0
+case "$ROUND_POLICY" in rules|cost) ;; *) fail "ROUND_POLICY must be rules or cost, got '$ROUND_POLICY'" ;; esac
 read -r -a LAYER_IDS <<< "$TARGET_LAYER_IDS"
 [ ${#LAYER_IDS[@]} -gt 0 ] || fail "TARGET_LAYER_IDS must list the target layers the drafter reads, e.g. '1 8 14 20 27'"
 for id in "${LAYER_IDS[@]}"; do
@@ -235,7 +237,7 @@ stage_export() {  # carry on by default only for the drafter trained with carry 
     if [ "$dest/model.safetensors" -nt "$src/model.safetensors" ]; then echo "$dest is up to date"; continue; fi
     rm -rf "$dest" "$dest.tmp"
     carryover_hf push "$src" "$REPO_PREFIX-$run-$KIND" --dtype bfloat16 --carry "$carry" --base-model "$BASE_MODEL" \
-      --lookup-drafts "$LOOKUP_DRAFTS" --proposal-backoff "$PROPOSAL_BACKOFF" \
+      --lookup-drafts "$LOOKUP_DRAFTS" --proposal-backoff "$PROPOSAL_BACKOFF" --round-policy "$ROUND_POLICY" \
       --training-data "$(training_note "$run")" --dry-run "$dest.tmp"
     mv "$dest.tmp" "$dest"
   done

@@ -21,6 +21,8 @@ PROPOSAL_DEFAULT_LABELS = {
     "proposal_backoff": "proposal backoff {}",
     "draft_confidence_threshold": "adaptive proposal length at {}",
 }
+COST_POLICY_LABEL = ("cost-aware round policy (`round_policy=\"cost\"`: each round's source and number of drafts chosen "
+                     "by expected tokens per unit of cost on the machine it runs on)")
 BASE_TAGS = ("carryover-hf", "speculative-decoding", "dflash", "block-diffusion", "draft-model")
 
 
@@ -170,6 +172,9 @@ def render_model_card(
     if export_format != "speculators":
         set_defaults = {name: defaults[name] for name in PROPOSAL_DEFAULT_LABELS}
         proposal_defaults = "; ".join(PROPOSAL_DEFAULT_LABELS[k].format(v) for k, v in set_defaults.items() if v)
+        if defaults["round_policy"] == "cost":
+            proposal_defaults = COST_POLICY_LABEL + (f"; with `round_policy=\"rules\"`: {proposal_defaults}"
+                                                     if proposal_defaults else "")  # fmt: skip
     title = (repo_id.rstrip("/").split("/")[-1] if repo_id else "Carryover drafter") + (
         " (vLLM speculators export)" if export_format == "speculators" else ""
     )

@@ -145,6 +145,9 @@ def _parser() -> argparse.ArgumentParser:
                             metavar="T" if threshold else "N",
                             help=f"set {option} in the upload's generation_config.json (default: as saved): the "
                             "value each generate call uses unless it passes its own (docs/generate.md)")
+    parser.add_argument("--round-policy", choices=["rules", "cost"],
+                        help="set round_policy in the upload's generation_config.json (default: as saved): 'cost' "
+                        "chooses each round by expected tokens per unit of cost, 'rules' runs the options above")
     parser.add_argument("--private", action="store_true", help="create the repository as private")
     parser.add_argument("--revision", help="branch to push to")
     parser.add_argument("--commit-message", help="commit message")
@@ -168,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             if not isinstance(evaluation, list):
                 raise ValueError(f"{args.evaluation} must hold a JSON list of evaluation rows or a bench report.")
         drafter = args.drafter
-        defaults = {option: getattr(args, option) for option in PROPOSAL_OPTIONS if getattr(args, option) is not None}
+        defaults = {option: getattr(args, option) for option in (*PROPOSAL_OPTIONS, "round_policy")
+                    if getattr(args, option) is not None}  # fmt: skip
         if args.dtype or args.carry or defaults:
             import torch
 

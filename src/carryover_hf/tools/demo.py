@@ -11,10 +11,11 @@ and loaded by repo id, exactly as after a download
 finds them in that cache. Each prompt
 runs with the target alone and with the drafter, back to back, after an untimed warm-up; the demo prints both times,
 the speedup and the mean acceptance length, and checks that greedy outputs are identical. The drafter runs as the
-library is meant to be used on CPU: with its own proposal defaults (the shipped SmolLM2 drafters: context lookup 10 in
-front of the drafter and the proposal backoff 8; `--lookup_drafts N` / `--proposal_backoff N` override them) and the
-CPU kernels (`--cpu_kernels auto`: packed float32 linears, grouped-query attention); set them to 0 / off to see the
-drafter alone.
+library is meant to be used on CPU: with its own proposal defaults (the shipped SmolLM2 drafters: the cost-aware round
+policy, which times the target's forwards once per machine during the untimed warm-up; `--round_policy rules` runs
+their context lookup 10 in front of the drafter and proposal backoff 8 instead, which `--lookup_drafts N` /
+`--proposal_backoff N` override) and the CPU kernels (`--cpu_kernels auto`: packed float32 linears, grouped-query
+attention); `--round_policy rules --lookup_drafts 0 --proposal_backoff 0 --cpu_kernels off` shows the drafter alone.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ class DemoArguments:
     temperature: float = field(default=0.0, metadata={"help": "0: greedy (outputs are checked to be identical)"})
     dtype: str = field(default="float32", metadata={"help": "float32 (fastest on AVX2 CPUs) or bfloat16"})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)"})
+    round_policy: str | None = field(
+        default=None,
+        metadata={"help": "'cost' (the cost-aware round policy) or 'rules' (the lookup and backoff below); default: the "
+                  "drafter's own, generation_config.round_policy; rules when --lookup_drafts or --proposal_backoff is "
+                  "given"},
+    )
     lookup_drafts: int | None = field(
         default=None,
         metadata={"help": "context lookup: rounds whose last 3 or 2 tokens occurred before propose this many tokens "
@@ -114,6 +121,11 @@ def _check_args(args: DemoArguments) -> None:
         problems.append("--temperature must be >= 0")
     if any(value is not None and value < 0 for value in (args.lookup_drafts, args.proposal_backoff)):
         problems.append("--lookup_drafts and --proposal_backoff must be >= 0 (0 = off)")
+    if args.round_policy not in (None, "rules", "cost"):
+        problems.append(f"--round_policy must be 'rules' or 'cost', got {args.round_policy!r}")
+    elif args.round_policy == "cost" and (args.lookup_drafts, args.proposal_backoff) != (None, None):
+        problems.append("--lookup_drafts and --proposal_backoff drive --round_policy rules; the cost-aware policy "
+                        "chooses lookups and proposals itself")  # fmt: skip
     if args.dtype not in ("float32", "bfloat16"):
         problems.append(f"--dtype must be float32 or bfloat16, got {args.dtype!r}")
     else:
@@ -133,6 +145,7 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
     """Runs the demo; models and prompts may be passed in (tests use tiny ones). Returns the results."""
     import torch
 
+    from ..configuration_carryover import check_round_policy
     from .bench.prompts import default_suite_dir, encode_prompt, load_prompts
     from .bench.runner import BenchmarkSettings, Method, check_greedy_output, run_method
     from .cpu_kernels import apply_cpu_kernels, resolve_cpu_kernels
@@ -159,12 +172,20 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
     drafter.eval()
     # Not given: the drafter's own defaults, as a plain generate call would use them (a method passes every option).
     defaults = drafter.generation_config
-    lookup_drafts = defaults.lookup_drafts if args.lookup_drafts is None else args.lookup_drafts
-    proposal_backoff = defaults.proposal_backoff if args.proposal_backoff is None else args.proposal_backoff
+    round_policy = args.round_policy
+    if round_policy is None:
+        given = (args.lookup_drafts, args.proposal_backoff) != (None, None)
+        round_policy = "rules" if given else check_round_policy(getattr(defaults, "round_policy", None))
     settings = BenchmarkSettings(max_new_tokens=args.max_new_tokens, warmup=0, overhead=False)
     alone = Method("target", "target")
-    assisted = Method("drafter", "carry_on", assistant=drafter, use_carryover=True,
-                      proposal_backoff=proposal_backoff or None, lookup_drafts=lookup_drafts or None)  # fmt: skip
+    if round_policy == "cost":
+        lookup_drafts = proposal_backoff = None
+        assisted = Method("drafter", "policy", assistant=drafter)  # carry as the drafter's default, as generate does
+    else:
+        lookup_drafts = defaults.lookup_drafts if args.lookup_drafts is None else args.lookup_drafts
+        proposal_backoff = defaults.proposal_backoff if args.proposal_backoff is None else args.proposal_backoff
+        assisted = Method("drafter", "carry_on", assistant=drafter, use_carryover=True,
+                          proposal_backoff=proposal_backoff or None, lookup_drafts=lookup_drafts or None)  # fmt: skip
     encoded = [encode_prompt(p, tokenizer) for p in prompts]
 
     for method in (alone, assisted):  # untimed warm-up
@@ -201,6 +222,7 @@ def run_demo(args: DemoArguments, target=None, tokenizer=None, drafter=None, pro
         "dtype": str(target.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
         "cpu_kernels": cpu_kernels,
+        "round_policy": round_policy,
         "lookup_drafts": lookup_drafts,
         "proposal_backoff": proposal_backoff,
         "temperature": args.temperature,
@@ -221,12 +243,15 @@ def format_summary(summary: dict) -> str:
         lines.append(f"{row['id']:<34} {row['new_tokens']:>6} {row['target_seconds']:>9.2f} "
                      f"{row['drafter_seconds']:>10.2f} {row['speedup']:>7.2f}x {accept:>7}{mark}")  # fmt: skip
     accept = summary["mean_acceptance_length"]
+    if summary.get("round_policy") == "cost":
+        proposals = "cost-aware round policy"
+    else:
+        proposals = f"lookup {summary.get('lookup_drafts') or 'off'}, backoff {summary.get('proposal_backoff') or 'off'}"
     lines.append(
         f"\n{summary['drafter']} on {summary['target']} ({summary['dtype']}, {summary['threads']} threads, "
-        f"CPU kernels {'on' if summary.get('cpu_kernels') else 'off'}, "
-        f"lookup {summary.get('lookup_drafts') or 'off'}, backoff {summary.get('proposal_backoff') or 'off'}, "
-        f"T={summary['temperature']}): speedup {summary['speedup']:.2f}x over the target alone, "
-        f"mean acceptance length {accept:.2f}" if accept is not None else "no speculative rounds ran"
+        f"CPU kernels {'on' if summary.get('cpu_kernels') else 'off'}, {proposals}, T={summary['temperature']}): "
+        f"speedup {summary['speedup']:.2f}x over the target alone, mean acceptance length {accept:.2f}"
+        if accept is not None else "no speculative rounds ran"
     )
     if summary["temperature"] == 0:
         lines.append("greedy outputs identical to the target alone: " + ("yes" if summary["all_identical"] else "NO"))
