@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("carryover_hf.training.cli", "train or fine-tune a drafter (DFlash or draft-verify-draft objective)"),
     "prompts": ("carryover_hf.tools.data.cli", "build the offline prompt suites (`prompts build`) or reading rows (`prompts reading`)"),
     "regenerate": ("carryover_hf.tools.data.regenerate", "record target responses to prompts as a training dataset"),
+    "campaign": ("carryover_hf.tools.campaign", "start, resume, stop or report a drafter training campaign that outlives sessions"),
     "bench": ("carryover_hf.tools.bench.cli", "benchmark drafters against the target alone and its peers"),
     "convert": ("carryover_hf.hub.convert", "import z-lab / Transformers / speculators DFlash checkpoints, or export"),
     "push": ("carryover_hf.hub.push", "save a drafter with its model card and upload it to the Hub"),

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.utils import logging
 
 from ..compatibility import check_compatibility, check_target
@@ -52,6 +53,24 @@ class _TimeLimitCallback(TrainerCallback):
         if self.started is not None and time.monotonic() - self.started >= self.seconds:
             logger.warning(f"max_train_seconds={self.seconds:g} reached at step {state.global_step}: training ends.")
             control.should_training_stop = True
+
+
+class _SeededLengthGroupedSampler(LengthGroupedSampler):
+    """Length-grouped batches drawn from a generator seeded by (seed, epoch), which accelerate's dataloader sets each
+    epoch: a resumed run draws the epoch it stopped in again, in the same order. (Transformers' sampler draws from the
+    global RNG, which a resume restores only after the epoch's draw, so a run resumed mid-epoch saw other batches than
+    one that never stopped.)"""
+
+    def __init__(self, batch_size: int, lengths: list[int], seed: int):
+        super().__init__(batch_size, lengths=lengths)
+        self.seed, self.epoch = seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        self.generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return super().__iter__()
 
 
 class CarryoverTrainer(Trainer):
@@ -189,10 +208,8 @@ class CarryoverTrainer(Trainer):
         store's offsets, a dataset's `input_ids`; Transformers' own sampler would read every row, features and all."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         if self.args.train_sampling_strategy == "group_by_length" and dataset is not None:
-            from transformers.trainer_pt_utils import LengthGroupedSampler
-
             batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
-            return LengthGroupedSampler(batch, lengths=row_lengths(dataset))
+            return _SeededLengthGroupedSampler(batch, row_lengths(dataset), self.args.data_seed or self.args.seed)
         return super()._get_train_sampler(train_dataset)
 
     def _remove_unused_columns(self, dataset, description: str | None = None):

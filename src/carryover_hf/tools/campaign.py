@@ -1,0 +1,639 @@
+"""`carryover-hf campaign`: a drafter training campaign that outlives sessions.
+
+One command starts it or resumes it in the background at a fixed thread count; its whole state lives in one folder
+outside the work tree (default `../runs/campaign`), which the next session on the same machine finds again:
+
+    carryover-hf campaign start  [--dir DIR] [--config FILE.json]   # start or resume, in the background
+    carryover-hf campaign status [--dir DIR]                        # running or not, the last curve points
+    carryover-hf campaign stop   [--dir DIR]                        # checkpoint at the next step, then exit
+    carryover-hf campaign report [--dir DIR] --out RESULTS [--weights FOLDER]  # curve JSON + table + plot to commit
+    carryover-hf campaign run    [--dir DIR]                        # the loop itself, in the foreground
+
+The loop (`run`) does, each time it starts:
+
+1. **Data.** Builds or extends the offline feature stores (`features-train/`, `features-eval/`) of the campaign's
+   regenerated rows (`carryover_hf.training.feature_store.build_features`: resumable shard by shard, fingerprinted;
+   a grown regeneration run only adds shards). The held-out rows never enter the training store.
+2. **Training.** Continues the trunk (`trunk/`, a `CarryoverTrainer` run with a constant learning rate after its
+   warm-up) from its last checkpoint: weights, optimizer, scheduler, data order, anchors and RNG are restored, so a run
+   stopped and resumed takes the same steps as one that never stopped. The held-out teacher-forced tau is evaluated
+   every `eval_steps`; every log entry records the training core-hours spent so far (CPU time of the training
+   process, summed over every session; milestone benchmarks excluded).
+3. **Milestones** at each doubling of compute (`first_milestone_core_hours` x 1, 2, 4, ...): the trunk's weights are
+   saved under `milestones/` (safetensors) and, unless `milestone_prompts_per_category` is 0, benchmarked as the
+   drafter alone (carry off, no lookup, no backoff) against the target alone on held-out prompts of the eval split,
+   at each of `milestone_temperatures`, in the same process and thread (`carryover_hf.tools.bench.run_benchmark`).
+
+`report` turns the trunk's log history and the milestones into `curve.json`, `curve.md` and `curve.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+
+DEFAULT_DIR = "../runs/campaign"
+CONFIG_FILE = "campaign.json"
+PID_FILE = "campaign.pid"
+LOG_FILE = "campaign.log"
+MILESTONES_FILE = "milestones.json"
+CHECKPOINT_STATE = "campaign_state.json"
+TRUNK = "trunk"
+
+
+@dataclass
+class CampaignConfig:
+    """What a campaign trains and how; fixed when it starts (a resumed campaign must be given the same or nothing)."""
+
+    name: str = "smollm2-135m-markov-b8"
+    target: str = "smollm2-135m"
+    target_dtype: str = "float32"
+    # Regeneration runs (or any `carryover-hf train --dataset` source), read one after the other.
+    datasets: list[str] = field(default_factory=lambda: ["assets/train/smollm2-135m"])
+    # Rows [start, stop) of the concatenated datasets that are held out for the teacher-forced tau (never trained on).
+    held_out_rows: list[int] = field(default_factory=lambda: [230, 256])
+    target_layer_ids: list[int] = field(default_factory=lambda: [1, 8, 14, 20, 27])
+    feature_dtype: str = "bfloat16"
+    top_k: int = 32
+    feature_shard_rows: int = 16
+    feature_batch_size: int = 2
+    # The drafter.
+    drafter_type: str = "markov"
+    drafter_layers: int = 1
+    block_size: int = 8
+    draft_vocab_size: int | None = 8192
+    init_from_target: bool = True
+    # Optimisation (a constant rate after the warm-up: the trunk can go on for as long as compute is given).
+    learning_rate: float = 1.5e-3
+    warmup_steps: int = 20
+    per_device_train_batch_size: int = 4
+    num_anchors: int = 64
+    distillation: str | None = "kl"
+    distillation_weight: float = 0.5
+    seed: int = 0
+    threads: int = 1
+    save_steps: int = 100
+    eval_steps: int = 200
+    logging_steps: int = 25
+    # Milestones at first_milestone_core_hours * 2**k training core-hours.
+    first_milestone_core_hours: float = 0.5
+    milestone_prompts: str | None = None  # a prompt suite folder or JSONL (default: the shipped suites, eval split)
+    milestone_prompts_per_category: int = 2
+    milestone_temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    milestone_max_new_tokens: int = 128
+
+    def validate(self) -> None:
+        if self.drafter_type not in ("dflash", "markov"):
+            raise UsageError(f"drafter_type must be 'dflash' or 'markov', got {self.drafter_type!r}.")
+        if not self.datasets:
+            raise UsageError("datasets is empty: give at least one regeneration run.")
+        if len(self.held_out_rows) != 2 or not 0 <= self.held_out_rows[0] < self.held_out_rows[1]:
+            raise UsageError(f"held_out_rows must be [start, stop) with 0 <= start < stop, got {self.held_out_rows}.")
+        for name in ("threads", "save_steps", "eval_steps", "logging_steps", "block_size", "drafter_layers",
+                     "per_device_train_batch_size", "num_anchors"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if self.first_milestone_core_hours <= 0:
+            raise UsageError(f"first_milestone_core_hours must be positive, got {self.first_milestone_core_hours}.")
+        if self.milestone_prompts_per_category < 0:
+            raise UsageError("milestone_prompts_per_category must be 0 (no benchmark) or more.")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "CampaignConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise UsageError(f"unknown campaign settings {unknown}; known: {sorted(known)}.")
+        return cls(**values)
+
+
+# -- the campaign folder ----------------------------------------------------------------------------------------------
+class Campaign:
+    """A campaign folder: its config, its stores, its trunk, its milestones; the process that runs it, if any."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.dir = Path(directory).resolve()
+
+    @property
+    def config_path(self) -> Path:
+        return self.dir / CONFIG_FILE
+
+    def exists(self) -> bool:
+        return self.config_path.is_file()
+
+    def load_config(self) -> CampaignConfig:
+        if not self.exists():
+            raise UsageError(f"no campaign in {self.dir} (no {CONFIG_FILE}); start one with `carryover-hf campaign start`.")
+        return CampaignConfig.from_dict(json.loads(self.config_path.read_text())["config"])
+
+    def create_or_check(self, config: CampaignConfig | None) -> CampaignConfig:
+        """The campaign's config: written on the first start (dataset paths made absolute), checked on a resume."""
+        if self.exists():
+            saved = self.load_config()
+            if config is not None and _absolute(config) != saved:
+                changed = sorted(k for k, v in asdict(_absolute(config)).items() if asdict(saved)[k] != v)
+                raise UsageError(
+                    f"{self.dir} holds a campaign with other settings ({', '.join(changed)}); resume it without "
+                    "--config, or start another in a new --dir."
+                )
+            return saved
+        config = _absolute(config or CampaignConfig())
+        config.validate()
+        missing = [d for d in config.datasets if not Path(d).exists()]
+        if missing:
+            raise UsageError(f"datasets {missing} do not exist.")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        record = {"config": asdict(config), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        self.config_path.write_text(json.dumps(record, indent=2) + "\n")
+        return config
+
+    def running_pid(self) -> int | None:
+        """The pid of the process running this campaign, if it is alive."""
+        path = self.dir / PID_FILE
+        if not path.is_file():
+            return None
+        try:
+            pid = int(path.read_text().strip())
+            os.kill(pid, 0)
+        except (ValueError, ProcessLookupError, PermissionError):
+            return None
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        if cmdline.exists() and b"campaign" not in cmdline.read_bytes():
+            return None  # the pid was reused by another program
+        return pid
+
+    def milestones(self) -> list[dict]:
+        path = self.dir / MILESTONES_FILE
+        return json.loads(path.read_text()) if path.is_file() else []
+
+    def add_milestone(self, record: dict) -> None:
+        records = [m for m in self.milestones() if m["index"] != record["index"]] + [record]
+        _write_json(self.dir / MILESTONES_FILE, sorted(records, key=lambda m: m["index"]))
+
+    def log_history(self) -> list[dict]:
+        """The trunk's log entries (its newest trainer state: the run folder's, or its last checkpoint's)."""
+        from transformers.trainer_utils import get_last_checkpoint
+
+        trunk = self.dir / TRUNK
+        candidates = [trunk / "trainer_state.json"]
+        last = get_last_checkpoint(str(trunk)) if trunk.is_dir() else None
+        if last:
+            candidates.append(Path(last) / "trainer_state.json")
+        states = [json.loads(p.read_text()) for p in candidates if p.is_file()]
+        return max(states, key=lambda s: s["global_step"])["log_history"] if states else []
+
+
+def _absolute(config: CampaignConfig) -> CampaignConfig:
+    values = asdict(config)
+    values["datasets"] = [str(Path(d).resolve()) for d in config.datasets]
+    if config.milestone_prompts:
+        values["milestone_prompts"] = str(Path(config.milestone_prompts).resolve())
+    return CampaignConfig(**values)
+
+
+def _write_json(path: Path, value: Any) -> None:
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(json.dumps(value, indent=2) + "\n")
+    temporary.replace(path)
+
+
+def milestone_core_hours(config: CampaignConfig, index: int) -> float:
+    """Training core-hours at which milestone `index` (0, 1, 2, ...) is taken: each doubles the one before."""
+    return config.first_milestone_core_hours * 2**index
+
+
+# -- step 1: data -----------------------------------------------------------------------------------------------------
+def split_held_out(rows, held_out: range):
+    """(training rows, held-out rows) of a dataset: the rows inside `held_out`, and every row outside it, in order,
+    except rows that answer a held-out prompt again (same `id`, e.g. a sampled run over the same prompts)."""
+    if len(rows) < held_out.stop:
+        raise UsageError(f"the campaign's datasets have {len(rows)} rows; the held-out rows {held_out.start}-"
+                         f"{held_out.stop - 1} need more.")  # fmt: skip
+    ids = rows["id"] if "id" in rows.column_names else None
+    held_out_ids = {ids[i] for i in held_out} if ids is not None else set()
+    kept = [i for i in range(len(rows)) if i not in held_out and (ids is None or ids[i] not in held_out_ids)]
+    dropped = len(rows) - len(held_out) - len(kept)
+    if dropped:
+        print(f"campaign: {dropped} training row(s) answer a held-out prompt again and are left out", flush=True)
+    return rows.select(kept), rows.select(held_out)
+
+
+def build_stores(campaign: Campaign, config: CampaignConfig, target, progress: bool = True) -> dict[str, Path]:
+    """Builds or extends the training and held-out feature stores; returns their folders."""
+    from ..training.data import load_rows
+    from ..training.feature_store import FeatureBuildConfig, build_features
+
+    rows = load_rows(",".join(config.datasets), "datasets")
+    train, held_out = split_held_out(rows, range(*config.held_out_rows))
+    stores = {}
+    for name, part in (("eval", held_out), ("train", train)):
+        folder = campaign.dir / f"features-{name}"
+        build = FeatureBuildConfig(
+            output=str(folder), target=config.target, target_dtype=config.target_dtype,
+            target_layer_ids=config.target_layer_ids, dtype=config.feature_dtype, top_k=config.top_k,
+            shard_rows=config.feature_shard_rows, batch_size=config.feature_batch_size, num_threads=config.threads,
+        )  # fmt: skip
+        manifest = build_features(build, target=target, rows=part, progress=progress)
+        print(f"campaign: features-{name}: {manifest['num_rows']} rows, {manifest['summary']['tokens']} tokens", flush=True)
+        stores[name] = folder
+    return stores
+
+
+# -- step 2: training -------------------------------------------------------------------------------------------------
+def training_arguments(campaign: Campaign, config: CampaignConfig, use_cpu: bool = True):
+    from ..training.arguments import CarryoverTrainingArguments
+
+    return CarryoverTrainingArguments(
+        output_dir=str(campaign.dir / TRUNK),
+        objective="dflash",
+        max_steps=10**9,  # the campaign stops on compute (milestones) or on request, never on a step count
+        learning_rate=config.learning_rate,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=config.warmup_steps,
+        per_device_train_batch_size=config.per_device_train_batch_size,
+        per_device_eval_batch_size=config.per_device_train_batch_size,
+        num_anchors=config.num_anchors,
+        distillation=config.distillation,
+        distillation_weight=config.distillation_weight,
+        train_sampling_strategy="group_by_length",
+        eval_strategy="steps",
+        eval_steps=config.eval_steps,
+        save_steps=config.save_steps,
+        save_total_limit=2,
+        logging_steps=config.logging_steps,
+        report_to="none",
+        seed=config.seed,
+        dataloader_num_workers=0,
+        use_cpu=use_cpu,
+        disable_tqdm=True,
+    )
+
+
+class CoreHours:
+    """Training core-hours of the campaign: CPU time of this process spent training, added to what earlier sessions
+    spent (read from the checkpoint a run resumes). Time spent on milestone benchmarks is excluded (`pause`)."""
+
+    def __init__(self, spent_before: float = 0.0):
+        self.before = spent_before
+        self.started = time.process_time()
+        self.excluded = 0.0
+
+    def seconds(self) -> float:
+        return self.before + time.process_time() - self.started - self.excluded
+
+    def hours(self) -> float:
+        return self.seconds() / 3600.0
+
+    def exclude(self, seconds: float) -> None:
+        self.excluded += seconds
+
+
+def _campaign_callback(campaign: Campaign, config: CampaignConfig, clock: CoreHours, on_milestone):
+    from transformers import TrainerCallback
+
+    class CampaignCallback(TrainerCallback):
+        """Core-hours on every log entry and checkpoint; a checkpoint and a milestone at each doubling of compute;
+        a checkpoint and a clean exit on SIGTERM (`carryover-hf campaign stop`)."""
+
+        def __init__(self):
+            self.stop_requested = False
+            self.milestone_due: int | None = None
+
+        def request_stop(self, signum=None, frame=None):
+            self.stop_requested = True
+
+        def next_milestone(self) -> int:
+            return len(campaign.milestones())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            index = self.next_milestone()
+            if clock.hours() >= milestone_core_hours(config, index):
+                self.milestone_due = index
+                control.should_save = True
+            if self.stop_requested:
+                control.should_save = True
+                control.should_training_stop = True
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.log_history:
+                state.log_history[-1]["core_hours"] = round(clock.hours(), 5)
+
+        def on_save(self, args, state, control, model=None, **kwargs):
+            checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if checkpoint.is_dir():
+                _write_json(checkpoint / CHECKPOINT_STATE, {"core_seconds": clock.seconds(), "step": state.global_step})
+            if self.milestone_due is not None:
+                started = time.process_time()
+                on_milestone(self.milestone_due, state.global_step, model)
+                clock.exclude(time.process_time() - started)
+                self.milestone_due = None
+
+    return CampaignCallback()
+
+
+def _core_seconds_at(checkpoint: str | None) -> float:
+    if checkpoint is None:
+        return 0.0
+    path = Path(checkpoint) / CHECKPOINT_STATE
+    if not path.is_file():
+        raise UsageError(f"{checkpoint} has no {CHECKPOINT_STATE}: it was not written by a campaign.")
+    return float(json.loads(path.read_text())["core_seconds"])
+
+
+def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: bool = True,
+        stop_after_steps: int | None = None) -> None:  # fmt: skip
+    """The campaign loop in this process: data, then training until stopped (SIGTERM, `carryover-hf campaign stop`)
+    or, for tests and short runs, until the trunk reaches `stop_after_steps` (a checkpoint is saved there)."""
+    import torch
+    from transformers import set_seed
+    from transformers.trainer_utils import get_last_checkpoint
+
+    import carryover_hf  # noqa: F401  (registers the drafter with AutoModel)
+
+    from ..training import cli as train_cli
+    from ..training.feature_store import FeatureStore
+    from ..training.trainer import CarryoverTrainer
+
+    campaign = Campaign(directory)
+    config = campaign.load_config()
+    torch.set_num_threads(config.threads)
+    if target is None:
+        from ..targets import load_target
+
+        target, tokenizer = load_target(config.target, dtype=config.target_dtype)
+    stores = build_stores(campaign, config, target, progress)
+    train_rows, eval_rows = FeatureStore(stores["train"]), FeatureStore(stores["eval"])
+
+    args = training_arguments(campaign, config)
+    trunk = campaign.dir / TRUNK
+    last = get_last_checkpoint(str(trunk)) if trunk.is_dir() else None
+    clock = CoreHours(_core_seconds_at(last))
+    set_seed(config.seed)
+    model_args = train_cli.ModelArguments(
+        target=config.target, drafter_type=config.drafter_type, drafter_layers=config.drafter_layers,
+        block_size=config.block_size, target_layer_ids=config.target_layer_ids,
+        draft_vocab_size=config.draft_vocab_size, init_from_target=config.init_from_target,
+    )  # fmt: skip
+
+    def vocabulary(drafter):
+        if config.draft_vocab_size:
+            train_cli._draft_vocabulary(model_args, drafter, train_rows, eval_rows, str(trunk))
+
+    # A resumed trunk is rebuilt the same way (the draft vocabulary is counted from the same rows), then its
+    # checkpoint's weights replace the new ones.
+    drafter = train_cli._build_drafter(model_args, target, train_rows.target_layer_ids, vocabulary)
+
+    def milestone(index: int, step: int, model) -> None:
+        record_milestone(campaign, config, index, step, clock.hours(), model, target, tokenizer, progress)
+
+    callback = _campaign_callback(campaign, config, clock, milestone)
+    extra = []
+    if stop_after_steps is not None:
+        from transformers import TrainerCallback
+
+        class StopAfter(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step >= stop_after_steps:
+                    control.should_save = True
+                    control.should_training_stop = True
+
+        extra.append(StopAfter())
+    trainer = CarryoverTrainer(model=drafter, target_model=target, args=args, train_dataset=train_rows,
+                               eval_dataset=eval_rows, processing_class=tokenizer, callbacks=[callback, *extra])  # fmt: skip
+    print(f"campaign {config.name}: {'resuming ' + Path(last).name if last else 'starting'} at "
+          f"{clock.hours():.3f} training core-hours, next milestone at "
+          f"{milestone_core_hours(config, len(campaign.milestones())):g}", flush=True)  # fmt: skip
+    previous = signal.signal(signal.SIGTERM, callback.request_stop)  # stop: checkpoint after the current step
+    try:
+        trainer.train(resume_from_checkpoint=last)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(f"campaign {config.name}: stopped at step {trainer.state.global_step}, {clock.hours():.3f} core-hours", flush=True)
+
+
+# -- step 3: milestones -----------------------------------------------------------------------------------------------
+def record_milestone(campaign: Campaign, config: CampaignConfig, index: int, step: int, core_hours: float, model,
+                     target, tokenizer, progress: bool = True) -> dict:  # fmt: skip
+    """Saves the trunk's weights as milestone `index` and benchmarks them as the drafter alone."""
+    folder = campaign.dir / "milestones" / f"m{index:02d}"
+    model.save_pretrained(folder)
+    record: dict[str, Any] = {"index": index, "step": step, "core_hours": round(core_hours, 5),
+                              "planned_core_hours": milestone_core_hours(config, index), "folder": str(folder)}  # fmt: skip
+    if config.milestone_prompts_per_category:
+        record["bench"] = benchmark_milestone(config, folder, target, tokenizer, progress)
+    campaign.add_milestone(record)
+    print(f"campaign: milestone {index} at step {step}, {core_hours:.3f} core-hours: {record.get('bench')}", flush=True)
+    return record
+
+
+def benchmark_milestone(config: CampaignConfig, folder: Path, target, tokenizer, progress: bool = True) -> dict:
+    """The milestone drafter alone (carry off, no lookup, no backoff) against the target alone, per temperature."""
+    import copy
+
+    from ..modeling_carryover import CarryoverDrafterModel
+    from .bench.prompts import default_suite_dir, load_prompts
+    from .bench.runner import BenchmarkSettings, run_benchmark
+    from .cpu_kernels import apply_cpu_kernels, resolve_cpu_kernels
+
+    prompts = load_prompts(config.milestone_prompts or str(default_suite_dir()), split="eval",
+                           num_per_category=config.milestone_prompts_per_category)  # fmt: skip
+    bench_target = copy.deepcopy(target).eval()
+    drafter = CarryoverDrafterModel.from_pretrained(folder, dtype=bench_target.dtype).eval()
+    kernels = resolve_cpu_kernels("auto", bench_target.dtype, bench_target.device)
+    if kernels:
+        apply_cpu_kernels(bench_target, drafter)
+    settings = BenchmarkSettings(temperatures=list(config.milestone_temperatures), methods=["carry_off"],
+                                 max_new_tokens=config.milestone_max_new_tokens, overhead=False, warmup=1,
+                                 bootstrap_resamples=2000)  # fmt: skip
+    report = run_benchmark(bench_target, {"drafter": drafter}, prompts, tokenizer, settings, output_dir=str(folder / "bench"),
+                           progress=progress, native_dflash=None, run_info={"cpu_kernels": kernels})  # fmt: skip
+    return _milestone_summary(report)
+
+
+def _milestone_summary(report: dict) -> dict:
+    """Speedup and acceptance length of the drafter alone per temperature (pooled, and the mean over categories of the
+    per-category speedups, as the issue's targets are stated), from a bench report."""
+    from .bench.report import OVERALL
+
+    summary = {}
+    for block in report["results"]:
+        groups = block["summary"]["drafter/carry_off"]
+        categories = [g for g in groups if g != OVERALL and (groups[g].get("speedup") or {}).get("estimate") is not None]
+        summary[f"T={block['temperature']:g}"] = {
+            "prompts": groups[OVERALL]["prompts"],
+            "speedup": groups[OVERALL].get("speedup"),
+            "tau": groups[OVERALL].get("acceptance_length_micro"),
+            "speedup_mean_over_categories": (sum(groups[g]["speedup"]["estimate"] for g in categories) / len(categories)
+                                             if categories else None),
+        }  # fmt: skip
+    return summary
+
+
+# -- report -----------------------------------------------------------------------------------------------------------
+def curve(campaign: Campaign) -> dict:
+    """The campaign's learning curve: held-out and training points against training core-hours, and milestones."""
+    history = campaign.log_history()
+    evaluation = [{"step": e["step"], "core_hours": e.get("core_hours"), "tau": e["eval_tau_teacher_forced"],
+                   "loss": e["eval_loss"], "acc_pos_01": e.get("eval_acc_pos_01")}
+                  for e in history if "eval_tau_teacher_forced" in e]  # fmt: skip
+    training = [{"step": e["step"], "core_hours": e.get("core_hours"), "loss": e["loss"],
+                 "tau": e.get("tau_teacher_forced"), "learning_rate": e.get("learning_rate")}
+                for e in history if "loss" in e and "eval_loss" not in e]  # fmt: skip
+    return {"config": asdict(campaign.load_config()), "eval": evaluation, "train": training,
+            "milestones": campaign.milestones()}  # fmt: skip
+
+
+def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> dict:
+    """curve.json, curve.md and curve.png in `out`; with `weights`, the newest milestone's drafter folder there."""
+    import shutil
+
+    data = curve(campaign)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "curve.json", data)
+    lines = [f"# Campaign {data['config']['name']}", "",
+             "| step | training core-hours | held-out τ (teacher-forced) | held-out loss |", "| --- | --- | --- | --- |"]
+    lines += [f"| {p['step']} | {p['core_hours'] or 0:.3f} | {p['tau']:.3f} | {p['loss']:.4f} |" for p in data["eval"]]
+    if data["milestones"]:
+        lines += ["", "| milestone | step | core-hours | drafter alone (T: speedup, τ) |", "| --- | --- | --- | --- |"]
+        for m in data["milestones"]:
+            bench = "; ".join(f"{t}: {_estimate(v['speedup'])}x, τ {_estimate(v['tau'])}" for t, v in (m.get("bench") or {}).items())
+            lines.append(f"| {m['index']} | {m['step']} | {m['core_hours']:.3f} | {bench or 'not benchmarked'} |")
+    (out / "curve.md").write_text("\n".join(lines) + "\n")
+    _plot(data, out / "curve.png")
+    if weights is not None and data["milestones"]:
+        source = Path(data["milestones"][-1]["folder"])
+        weights.mkdir(parents=True, exist_ok=True)
+        for name in ("config.json", "generation_config.json", "model.safetensors"):
+            if (source / name).is_file():
+                shutil.copy2(source / name, weights / name)
+    return data
+
+
+def _estimate(interval: dict | None) -> str:
+    if not interval or interval.get("estimate") is None:
+        return "–"
+    text = f"{interval['estimate']:.2f}"
+    return text + (f" [{interval['ci_low']:.2f}, {interval['ci_high']:.2f}]" if interval.get("ci_low") is not None else "")
+
+
+def _plot(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(7, 4))
+    points = [p for p in data["eval"] if p["core_hours"] is not None]
+    axis.plot([p["core_hours"] for p in points], [p["tau"] for p in points], marker="o", label="held-out τ (teacher-forced)")
+    for temperature in ("T=0", "T=1"):
+        marks = [(m["core_hours"], m["bench"][temperature]) for m in data["milestones"] if temperature in (m.get("bench") or {})]
+        if marks:
+            axis.plot([h for h, _ in marks], [(v["speedup"] or {}).get("estimate") for _, v in marks], marker="s", linestyle="--",
+                      label=f"drafter alone speedup, {temperature}")  # fmt: skip
+    axis.set_xscale("log")
+    axis.set_xlabel("training core-hours")
+    axis.set_title(f"campaign {data['config']['name']}")
+    axis.grid(True, alpha=0.3)
+    axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- command line -----------------------------------------------------------------------------------------------------
+def _start(campaign: Campaign, config: CampaignConfig | None, foreground: bool) -> int:
+    pid = campaign.running_pid()
+    if pid is not None:
+        raise UsageError(f"the campaign in {campaign.dir} is already running (pid {pid}); `carryover-hf campaign "
+                         "status` shows it, `stop` ends it.")  # fmt: skip
+    config = campaign.create_or_check(config)
+    if foreground:
+        (campaign.dir / PID_FILE).write_text(str(os.getpid()))
+        run(campaign.dir)
+        return 0
+    env = {**os.environ, "OMP_NUM_THREADS": str(config.threads), "MKL_NUM_THREADS": str(config.threads),
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    log = open(campaign.dir / LOG_FILE, "a")
+    process = subprocess.Popen([sys.executable, "-m", "carryover_hf", "campaign", "run", "--dir", str(campaign.dir)],
+                               stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
+    (campaign.dir / PID_FILE).write_text(str(process.pid))
+    print(f"campaign {config.name}: running in the background (pid {process.pid}, {config.threads} thread(s)); "
+          f"log {campaign.dir / LOG_FILE}")  # fmt: skip
+    return 0
+
+
+def _status(campaign: Campaign) -> int:
+    config = campaign.load_config()
+    pid = campaign.running_pid()
+    history = campaign.log_history()
+    evaluation = [e for e in history if "eval_tau_teacher_forced" in e]
+    steps = max((e["step"] for e in history), default=0)
+    hours = max((e.get("core_hours") or 0 for e in history), default=0.0)
+    print(f"campaign {config.name} in {campaign.dir}: {'running, pid ' + str(pid) if pid else 'not running'}")
+    print(f"  step {steps}, {hours:.3f} training core-hours logged; "
+          f"next milestone at {milestone_core_hours(config, len(campaign.milestones())):g}")  # fmt: skip
+    for e in evaluation[-5:]:
+        print(f"  step {e['step']:>7}  core-hours {e.get('core_hours') or 0:7.3f}  held-out tau {e['eval_tau_teacher_forced']:.3f}")
+    for m in campaign.milestones():
+        print(f"  milestone {m['index']}: step {m['step']}, {m['core_hours']:.3f} core-hours, {m.get('bench')}")
+    return 0
+
+
+def _stop(campaign: Campaign, wait: float) -> int:
+    pid = campaign.running_pid()
+    if pid is None:
+        print(f"the campaign in {campaign.dir} is not running")
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and campaign.running_pid() is not None:
+        time.sleep(1)
+    print("stopped after its checkpoint" if campaign.running_pid() is None else
+          f"asked pid {pid} to stop; it checkpoints and exits after its current step")  # fmt: skip
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="carryover-hf campaign", description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=["start", "run", "status", "stop", "report"])
+    parser.add_argument("--dir", default=DEFAULT_DIR, help=f"the campaign folder, outside the work tree (default {DEFAULT_DIR})")
+    parser.add_argument("--config", help="start: a JSON file of CampaignConfig settings (default: the built-in ones)")
+    parser.add_argument("--foreground", action="store_true", help="start: run in this process instead of the background")
+    parser.add_argument("--out", help="report: folder for curve.json, curve.md, curve.png")
+    parser.add_argument("--weights", help="report: also copy the newest milestone's drafter (config + safetensors) here")
+    parser.add_argument("--wait", type=float, default=120.0, help="stop: seconds to wait for the checkpoint")
+    args = parser.parse_args(argv)
+    campaign = Campaign(args.dir)
+    if args.action == "start":
+        config = None
+        if args.config:
+            if not Path(args.config).is_file():
+                raise UsageError(f"--config {args.config!r} is not a file.")
+            config = CampaignConfig.from_dict(json.loads(Path(args.config).read_text()))
+        return _start(campaign, config, args.foreground)
+    if args.action == "run":
+        run(campaign.dir)
+        return 0
+    if args.action == "status":
+        return _status(campaign)
+    if args.action == "stop":
+        return _stop(campaign, args.wait)
+    if not args.out:
+        raise UsageError("campaign report needs --out FOLDER.")
+    write_report(campaign, Path(args.out), Path(args.weights) if args.weights else None)
+    print(f"wrote {args.out}/curve.json, curve.md, curve.png" + (f" and the newest milestone to {args.weights}" if args.weights else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""`carryover-hf campaign`: a training campaign that stops and resumes across sessions, on tiny models.
+
+A campaign stopped at a checkpoint and resumed takes the same steps as one that never stopped (weights equal), its
+log entries carry training core-hours that keep growing across the stop, milestones are taken at doublings of
+compute and benchmarked, and the report writes the curve. Bad settings fail before any model work.
+"""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from carryover_hf.errors import UsageError
+from carryover_hf.tools import campaign as campaign_module
+from carryover_hf.tools.campaign import Campaign, CampaignConfig, milestone_core_hours, run, write_report
+from carryover_hf.tools.testing import tiny_target
+from carryover_hf.training.synthetic import regenerate_random_prompts
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target("llama", seed=0)
+
+
+@pytest.fixture(scope="module")
+def dataset(target, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("rows") / "rows"
+    regenerate_random_prompts(target, num_rows=12, prompt_length=6, response_length=24, seed=1).save_to_disk(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    rows = [{"id": f"c{c}/{i}", "input_ids": [(7 * i + c) % 60 + 1 for _ in range(1)] + list(range(3, 9)),
+             "category": f"c{c}", "split": "eval"} for c in range(2) for i in range(1)]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def config_for(dataset, prompts=None, **overrides):
+    values = dict(name="tiny", target="tiny", datasets=[str(dataset)], held_out_rows=[0, 3], target_layer_ids=[0, 1],
+                  feature_dtype="float32", top_k=4, feature_shard_rows=4, drafter_type="markov", block_size=4,
+                  draft_vocab_size=48, per_device_train_batch_size=2, num_anchors=4, save_steps=4, eval_steps=3,
+                  logging_steps=1, milestone_prompts_per_category=0, first_milestone_core_hours=1e6,
+                  milestone_max_new_tokens=8, milestone_temperatures=[0.0])  # fmt: skip
+    if prompts is not None:
+        values["milestone_prompts"] = str(prompts)
+    values.update(overrides)
+    return CampaignConfig(**values)
+
+
+def start(folder, config):
+    campaign = Campaign(folder)
+    campaign.create_or_check(config)
+    return campaign
+
+
+def weights(campaign, step):
+    return load_file(str(campaign.dir / "trunk" / f"checkpoint-{step}" / "model.safetensors"))
+
+
+def test_stopped_and_resumed_campaign_equals_one_that_never_stopped(target, dataset, tmp_path):
+    config = config_for(dataset)
+    resumed = start(tmp_path / "resumed", config)
+    run(resumed.dir, target=target, progress=False, stop_after_steps=6)
+    first = resumed.log_history()
+    run(resumed.dir, target=target, progress=False, stop_after_steps=10)
+    whole = start(tmp_path / "whole", config)
+    run(whole.dir, target=target, progress=False, stop_after_steps=10)
+
+    a, b = weights(resumed, 10), weights(whole, 10)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=1e-6, msg=name)
+    # Core-hours on every log entry, growing across the stop; the held-out tau is evaluated.
+    history = resumed.log_history()
+    hours = [e["core_hours"] for e in history if "core_hours" in e]
+    assert len(history) > len(first) and all(e.get("core_hours") for e in history)
+    assert hours == sorted(hours) and hours[-1] > max(e["core_hours"] for e in first)
+    assert any("eval_tau_teacher_forced" in e for e in history)
+    # The held-out rows never enter the training store.
+    train = json.loads((resumed.dir / "features-train" / "features.json").read_text())
+    held_out = json.loads((resumed.dir / "features-eval" / "features.json").read_text())
+    assert (train["num_rows"], held_out["num_rows"]) == (9, 3)
+
+
+def test_milestones_at_doublings_are_benchmarked_and_reported(target, dataset, prompts, tmp_path, monkeypatch):
+    # A clock that advances a fixed amount per call stands in for CPU time, so milestones fall at known places.
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(campaign_module.time, "process_time", lambda: 0.5 * next(ticks))
+    config = config_for(dataset, prompts, first_milestone_core_hours=2 / 3600, milestone_prompts_per_category=1)
+    campaign = start(tmp_path / "c", config)
+    run(campaign.dir, target=target, progress=False, stop_after_steps=8)
+
+    milestones = campaign.milestones()
+    assert len(milestones) >= 2
+    for m in milestones:
+        assert m["core_hours"] >= milestone_core_hours(config, m["index"])
+        bench = m["bench"]["T=0"]
+        assert bench["prompts"] == 2 and bench["speedup"]["estimate"] > 0 and bench["tau"]["estimate"] >= 1
+        assert (campaign.dir / "milestones" / f"m{m['index']:02d}" / "model.safetensors").is_file()
+    assert [m["index"] for m in milestones] == list(range(len(milestones)))
+
+    out, kept = tmp_path / "report", tmp_path / "weights"
+    data = write_report(campaign, out, kept)
+    assert {p.name for p in out.iterdir()} == {"curve.json", "curve.md", "curve.png"}
+    assert data["eval"] and data["milestones"] == milestones
+    assert "T=0" in (out / "curve.md").read_text()
+    assert (kept / "model.safetensors").is_file() and (kept / "config.json").is_file()
+
+
+def test_a_resume_with_other_settings_or_bad_settings_is_refused(dataset, tmp_path):
+    campaign = start(tmp_path / "c", config_for(dataset))
+    with pytest.raises(UsageError, match="other settings .*block_size"):
+        campaign.create_or_check(config_for(dataset, block_size=8))
+    assert campaign.create_or_check(None) == campaign.load_config()  # a plain resume
+    with pytest.raises(UsageError, match="held_out_rows"):
+        Campaign(tmp_path / "d").create_or_check(config_for(dataset, held_out_rows=[5, 2]))
+    with pytest.raises(UsageError, match="do not exist"):
+        Campaign(tmp_path / "e").create_or_check(config_for(tmp_path / "missing"))
+    with pytest.raises(UsageError, match="unknown campaign settings"):
+        CampaignConfig.from_dict({"blocksize": 8})
+    with pytest.raises(UsageError, match="no campaign"):
+        Campaign(tmp_path / "f").load_config()
+    assert not (tmp_path / "d").exists()
+
+
+def test_rows_that_answer_a_held_out_prompt_again_are_not_trained_on():
+    import datasets
+
+    from carryover_hf.tools.campaign import split_held_out
+
+    rows = datasets.Dataset.from_dict({"id": ["a", "b", "c", "d", "b", "e"], "input_ids": [[i] for i in range(6)]})
+    train, held_out = split_held_out(rows, range(1, 3))
+    assert held_out["id"] == ["b", "c"] and train["id"] == ["a", "d", "e"]
+    with pytest.raises(UsageError, match="need more"):
+        split_held_out(rows, range(4, 8))
