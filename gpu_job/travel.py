@@ -24,7 +24,6 @@ Each call's payload must stay at or under `PAYLOAD_LIMIT` (60 MiB, a margin unde
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -135,12 +134,19 @@ def restore(root: Path) -> list[str]:
 
 
 # -- the target in two parts ----------------------------------------------------------------------------------------
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
+def _package_utils():
+    """`carryover_hf.utils`, loaded by its path (it needs torch only): the GPU machine runs this before the package is
+    installed, and importing the package would load Transformers too."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "src" / "carryover_hf" / "utils.py"
+    spec = importlib.util.spec_from_file_location("carryover_hf_utils", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sha256 = _package_utils().file_sha256  # the one file checksum of the project (carryover_hf.utils.file_sha256)
 
 
 def split_file(source: Path, folder: Path, first_part_bytes: int) -> dict:

@@ -16,7 +16,6 @@ model, tokenizer = load_target("/path/to/local/folder")  # or "Qwen/Qwen3-4B" (H
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -37,6 +36,7 @@ from transformers import (
 from transformers.utils import logging
 
 from .errors import UsageError
+from .utils import file_sha256
 
 logger = logging.get_logger(__name__)
 
@@ -96,14 +96,6 @@ def find_smollm2_gguf() -> Path:
     )
 
 
-def _file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def convert_gguf(gguf_path: str | os.PathLike, output_dir: str | os.PathLike, model_max_length: int | None = None) -> Path:
     """De-quantizes a GGUF checkpoint into a safetensors folder with tokenizer and chat template.
 
@@ -141,7 +133,7 @@ def convert_gguf(gguf_path: str | os.PathLike, output_dir: str | os.PathLike, mo
         record = {
             "source": str(gguf_path),
             "source_size": gguf_path.stat().st_size,
-            "source_sha256": _file_sha256(gguf_path),
+            "source_sha256": file_sha256(gguf_path),
             "name": SMOLLM2_NAME if gguf_path.name == SMOLLM2_GGUF else gguf_path.stem,
             "dtype": "float32",
             "transformers_version": __import__("transformers").__version__,

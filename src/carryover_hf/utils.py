@@ -9,7 +9,6 @@ from collections.abc import Callable
 import torch
 
 
-
 def device_synchronizer(device: torch.device | str) -> Callable[[], None]:
     """A function that waits for queued work on `device` (CUDA); a no-op elsewhere. Call it only around timings."""
     device = torch.device(device)
@@ -34,6 +33,16 @@ def json_fingerprint(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def file_sha256(path, chunk: int = 1 << 22) -> str:
+    """Hex SHA-256 of a file, read in `chunk`-byte blocks (memory stays flat for multi-GB files): the one file checksum
+    of the project (the converted target's record; `gpu_job/travel.py` loads this module by its path)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def model_fingerprint(model) -> str:
     """A checksum of a model (a target or a drafter): its config and a strided sample of every weight.
 
@@ -54,4 +63,4 @@ def model_fingerprint(model) -> str:
     return digest.hexdigest()[:16]
 
 
-__all__ = ["device_synchronizer", "json_fingerprint", "model_fingerprint", "pad_token_id"]
+__all__ = ["device_synchronizer", "file_sha256", "json_fingerprint", "model_fingerprint", "pad_token_id"]
