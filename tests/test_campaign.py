@@ -43,7 +43,7 @@ def config_for(dataset, prompts=None, **overrides):
     values = dict(name="tiny", target="tiny", datasets=[str(dataset)], held_out_rows=[0, 3], target_layer_ids=[0, 1],
                   feature_dtype="float32", top_k=4, feature_shard_rows=4, drafter_type="markov", block_size=4,
                   draft_vocab_size=48, per_device_train_batch_size=2, num_anchors=4, save_steps=4, eval_steps=3,
-                  logging_steps=1, milestone_prompts_per_category=0, first_milestone_core_hours=1e6,
+                  logging_steps=1, warmup_steps=2, milestone_prompts_per_category=0, first_milestone_core_hours=1e6,
                   milestone_max_new_tokens=8, milestone_temperatures=[0.0])  # fmt: skip
     if prompts is not None:
         values["milestone_prompts"] = str(prompts)
@@ -86,22 +86,35 @@ def test_stopped_and_resumed_campaign_equals_one_that_never_stopped(target, data
     assert (train["num_rows"], held_out["num_rows"]) == (9, 3)
 
 
-def test_milestones_at_doublings_are_benchmarked_and_reported(target, dataset, prompts, tmp_path, monkeypatch):
+def test_milestones_at_doublings_are_decayed_benchmarked_and_reported(target, dataset, prompts, tmp_path, monkeypatch):
     # A clock that advances a fixed amount per call stands in for CPU time, so milestones fall at known places.
     ticks = iter(range(10**6))
     monkeypatch.setattr(campaign_module.time, "process_time", lambda: 0.5 * next(ticks))
-    config = config_for(dataset, prompts, first_milestone_core_hours=2 / 3600, milestone_prompts_per_category=1)
+    config = config_for(dataset, prompts, first_milestone_core_hours=2 / 3600, milestone_prompts_per_category=1,
+                        milestone_decay_fraction=0.25, milestone_min_decay_steps=2)  # fmt: skip
     campaign = start(tmp_path / "c", config)
     run(campaign.dir, target=target, progress=False, stop_after_steps=8)
 
     milestones = campaign.milestones()
     assert len(milestones) >= 2
+    assert [m["index"] for m in milestones] == list(range(len(milestones)))
     for m in milestones:
         assert m["core_hours"] >= milestone_core_hours(config, m["index"])
+        assert m["decay_steps"] == max(2, round(0.25 * m["step"])) and m["final_learning_rate"] == pytest.approx(0.0)
+        assert m["eval_tau"] >= 1
         bench = m["bench"]["T=0"]
         assert bench["prompts"] == 2 and bench["speedup"]["estimate"] > 0 and bench["tau"]["estimate"] >= 1
         assert (campaign.dir / "milestones" / f"m{m['index']:02d}" / "model.safetensors").is_file()
-    assert [m["index"] for m in milestones] == list(range(len(milestones)))
+        assert not (campaign.dir / "milestones" / f"m{m['index']:02d}" / "decay").exists()
+    # The decay branches leave the trunk as it was: its weights equal those of a campaign without milestones.
+    plain = start(tmp_path / "plain", config_for(dataset))
+    run(plain.dir, target=target, progress=False, stop_after_steps=8)
+    a, b = weights(campaign, 8), weights(plain, 8)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=1e-6, msg=name)
+    # ... and a milestone's weights differ from the trunk checkpoint it branched from (they were annealed further).
+    first = load_file(str(campaign.dir / "milestones" / "m00" / "model.safetensors"))
+    assert any(not torch.equal(first[name], weights(plain, 8)[name]) for name in first)
 
     out, kept = tmp_path / "report", tmp_path / "weights"
     data = write_report(campaign, out, kept)

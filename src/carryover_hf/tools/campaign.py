@@ -19,10 +19,12 @@ The loop (`run`) does, each time it starts:
    stopped and resumed takes the same steps as one that never stopped. The held-out teacher-forced tau is evaluated
    every `eval_steps`; every log entry records the training core-hours spent so far (CPU time of the training
    process, summed over every session; milestone benchmarks excluded).
-3. **Milestones** at each doubling of compute (`first_milestone_core_hours` x 1, 2, 4, ...): the trunk's weights are
-   saved under `milestones/` (safetensors) and, unless `milestone_prompts_per_category` is 0, benchmarked as the
-   drafter alone (carry off, no lookup, no backoff) against the target alone on held-out prompts of the eval split,
-   at each of `milestone_temperatures`, in the same process and thread (`carryover_hf.tools.bench.run_benchmark`).
+3. **Milestones** at each doubling of compute (`first_milestone_core_hours` x 1, 2, 4, ...): a decay branch continues
+   the trunk's checkpoint for a tenth of its steps with the learning rate annealed to 0 (the trunk itself goes on
+   unchanged); its weights are saved under `milestones/` (safetensors) with their held-out tau and, unless
+   `milestone_prompts_per_category` is 0, benchmarked as the drafter alone (carry off, no lookup, no backoff) against
+   the target alone on held-out prompts of the eval split, at each of `milestone_temperatures`, in the same process
+   and thread (`carryover_hf.tools.bench.run_benchmark`).
 
 `report` turns the trunk's log history and the milestones into `curve.json`, `curve.md` and `curve.png`.
 """
@@ -85,8 +87,12 @@ class CampaignConfig:
     save_steps: int = 100
     eval_steps: int = 200
     logging_steps: int = 25
-    # Milestones at first_milestone_core_hours * 2**k training core-hours.
+    # Milestones at first_milestone_core_hours * 2**k training core-hours of the trunk; each continues the trunk's
+    # checkpoint for max(milestone_min_decay_steps, milestone_decay_fraction * its steps) with the learning rate
+    # annealed to 0 (a cosine), so a milestone is a finished drafter (0: the trunk's own weights).
     first_milestone_core_hours: float = 0.5
+    milestone_decay_fraction: float = 0.1
+    milestone_min_decay_steps: int = 50
     milestone_prompts: str | None = None  # a prompt suite folder or JSONL (default: the shipped suites, eval split)
     milestone_prompts_per_category: int = 2
     milestone_temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
@@ -105,6 +111,8 @@ class CampaignConfig:
                 raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}.")
         if self.first_milestone_core_hours <= 0:
             raise UsageError(f"first_milestone_core_hours must be positive, got {self.first_milestone_core_hours}.")
+        if not 0 <= self.milestone_decay_fraction < 1 or self.milestone_min_decay_steps < 0:
+            raise UsageError("milestone_decay_fraction must lie in [0, 1) and milestone_min_decay_steps be >= 0.")
         if self.milestone_prompts_per_category < 0:
             raise UsageError("milestone_prompts_per_category must be 0 (no benchmark) or more.")
 
@@ -250,13 +258,14 @@ def build_stores(campaign: Campaign, config: CampaignConfig, target, progress: b
 
 
 # -- step 2: training -------------------------------------------------------------------------------------------------
-def training_arguments(campaign: Campaign, config: CampaignConfig, use_cpu: bool = True):
+def training_arguments(config: CampaignConfig, output_dir: Path, **overrides):
+    """The trunk's `CarryoverTrainingArguments` (and, with overrides, a milestone's decay branch's)."""
     from ..training.arguments import CarryoverTrainingArguments
 
-    return CarryoverTrainingArguments(
-        output_dir=str(campaign.dir / TRUNK),
+    values = dict(
+        output_dir=str(output_dir),
         objective="dflash",
-        max_steps=10**9,  # the campaign stops on compute (milestones) or on request, never on a step count
+        max_steps=10**9,  # the trunk stops on compute (milestones) or on request, never on a step count
         learning_rate=config.learning_rate,
         lr_scheduler_type="constant_with_warmup",
         warmup_steps=config.warmup_steps,
@@ -274,53 +283,51 @@ def training_arguments(campaign: Campaign, config: CampaignConfig, use_cpu: bool
         report_to="none",
         seed=config.seed,
         dataloader_num_workers=0,
-        use_cpu=use_cpu,
+        use_cpu=True,
         disable_tqdm=True,
     )
+    values.update(overrides)
+    return CarryoverTrainingArguments(**values)
 
 
 class CoreHours:
-    """Training core-hours of the campaign: CPU time of this process spent training, added to what earlier sessions
-    spent (read from the checkpoint a run resumes). Time spent on milestone benchmarks is excluded (`pause`)."""
+    """Training core-hours of the campaign: CPU time of this process spent on the trunk, added to what earlier runs
+    spent (read from the checkpoint a run resumes)."""
 
     def __init__(self, spent_before: float = 0.0):
         self.before = spent_before
         self.started = time.process_time()
-        self.excluded = 0.0
 
     def seconds(self) -> float:
-        return self.before + time.process_time() - self.started - self.excluded
+        return self.before + time.process_time() - self.started
 
     def hours(self) -> float:
         return self.seconds() / 3600.0
 
-    def exclude(self, seconds: float) -> None:
-        self.excluded += seconds
+
+class StopRequest:
+    """Set by SIGTERM (`carryover-hf campaign stop`): the trunk checkpoints after its current step and the run ends."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __call__(self, signum=None, frame=None) -> None:
+        self.requested = True
 
 
-def _campaign_callback(campaign: Campaign, config: CampaignConfig, clock: CoreHours, on_milestone):
+def _trunk_callback(clock: CoreHours, milestone_at: float, stop: StopRequest, stop_after_steps: int | None):
     from transformers import TrainerCallback
 
-    class CampaignCallback(TrainerCallback):
-        """Core-hours on every log entry and checkpoint; a checkpoint and a milestone at each doubling of compute;
-        a checkpoint and a clean exit on SIGTERM (`carryover-hf campaign stop`)."""
+    class TrunkCallback(TrainerCallback):
+        """Core-hours on every log entry and checkpoint; a checkpoint and the end of this leg when the next milestone
+        is due, when a stop is requested, or at `stop_after_steps`."""
 
-        def __init__(self):
-            self.stop_requested = False
-            self.milestone_due: int | None = None
-
-        def request_stop(self, signum=None, frame=None):
-            self.stop_requested = True
-
-        def next_milestone(self) -> int:
-            return len(campaign.milestones())
+        milestone_due = False
 
         def on_step_end(self, args, state, control, **kwargs):
-            index = self.next_milestone()
-            if clock.hours() >= milestone_core_hours(config, index):
-                self.milestone_due = index
-                control.should_save = True
-            if self.stop_requested:
+            if clock.hours() >= milestone_at:
+                self.milestone_due = True
+            if self.milestone_due or stop.requested or (stop_after_steps and state.global_step >= stop_after_steps):
                 control.should_save = True
                 control.should_training_stop = True
 
@@ -328,17 +335,12 @@ def _campaign_callback(campaign: Campaign, config: CampaignConfig, clock: CoreHo
             if state.log_history:
                 state.log_history[-1]["core_hours"] = round(clock.hours(), 5)
 
-        def on_save(self, args, state, control, model=None, **kwargs):
+        def on_save(self, args, state, control, **kwargs):
             checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if checkpoint.is_dir():
                 _write_json(checkpoint / CHECKPOINT_STATE, {"core_seconds": clock.seconds(), "step": state.global_step})
-            if self.milestone_due is not None:
-                started = time.process_time()
-                on_milestone(self.milestone_due, state.global_step, model)
-                clock.exclude(time.process_time() - started)
-                self.milestone_due = None
 
-    return CampaignCallback()
+    return TrunkCallback()
 
 
 def _core_seconds_at(checkpoint: str | None) -> float:
@@ -350,19 +352,48 @@ def _core_seconds_at(checkpoint: str | None) -> float:
     return float(json.loads(path.read_text())["core_seconds"])
 
 
+class _Trainers:
+    """Builds the drafter and a `CarryoverTrainer` for the trunk or a decay branch, the same way every time (a
+    resumed run then loads the checkpoint's weights over the new drafter)."""
+
+    def __init__(self, config: CampaignConfig, target, tokenizer, train_rows, eval_rows, vocabulary_dir: Path):
+        from ..training import cli as train_cli
+
+        self.config, self.target, self.tokenizer = config, target, tokenizer
+        self.train_rows, self.eval_rows, self.vocabulary_dir = train_rows, eval_rows, vocabulary_dir
+        self.model_args = train_cli.ModelArguments(
+            target=config.target, drafter_type=config.drafter_type, drafter_layers=config.drafter_layers,
+            block_size=config.block_size, target_layer_ids=config.target_layer_ids,
+            draft_vocab_size=config.draft_vocab_size, init_from_target=config.init_from_target,
+        )  # fmt: skip
+
+    def __call__(self, args, callbacks):
+        from transformers import set_seed
+
+        from ..training import cli as train_cli
+        from ..training.trainer import CarryoverTrainer
+
+        def vocabulary(drafter):
+            if self.config.draft_vocab_size:
+                train_cli._draft_vocabulary(self.model_args, drafter, self.train_rows, self.eval_rows, str(self.vocabulary_dir))
+
+        set_seed(self.config.seed)
+        drafter = train_cli._build_drafter(self.model_args, self.target, self.train_rows.target_layer_ids, vocabulary)
+        return CarryoverTrainer(model=drafter, target_model=self.target, args=args, train_dataset=self.train_rows,
+                                eval_dataset=self.eval_rows, processing_class=self.tokenizer, callbacks=callbacks)  # fmt: skip
+
+
 def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: bool = True,
         stop_after_steps: int | None = None) -> None:  # fmt: skip
-    """The campaign loop in this process: data, then training until stopped (SIGTERM, `carryover-hf campaign stop`)
-    or, for tests and short runs, until the trunk reaches `stop_after_steps` (a checkpoint is saved there)."""
+    """The campaign loop in this process: data, then the trunk in legs from milestone to milestone, until stopped
+    (SIGTERM, `carryover-hf campaign stop`) or, for tests and short runs, until the trunk reaches `stop_after_steps`
+    (a checkpoint is saved there)."""
     import torch
-    from transformers import set_seed
     from transformers.trainer_utils import get_last_checkpoint
 
     import carryover_hf  # noqa: F401  (registers the drafter with AutoModel)
 
-    from ..training import cli as train_cli
     from ..training.feature_store import FeatureStore
-    from ..training.trainer import CarryoverTrainer
 
     campaign = Campaign(directory)
     config = campaign.load_config()
@@ -372,67 +403,73 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
 
         target, tokenizer = load_target(config.target, dtype=config.target_dtype)
     stores = build_stores(campaign, config, target, progress)
-    train_rows, eval_rows = FeatureStore(stores["train"]), FeatureStore(stores["eval"])
-
-    args = training_arguments(campaign, config)
     trunk = campaign.dir / TRUNK
-    last = get_last_checkpoint(str(trunk)) if trunk.is_dir() else None
-    clock = CoreHours(_core_seconds_at(last))
-    set_seed(config.seed)
-    model_args = train_cli.ModelArguments(
-        target=config.target, drafter_type=config.drafter_type, drafter_layers=config.drafter_layers,
-        block_size=config.block_size, target_layer_ids=config.target_layer_ids,
-        draft_vocab_size=config.draft_vocab_size, init_from_target=config.init_from_target,
-    )  # fmt: skip
-
-    def vocabulary(drafter):
-        if config.draft_vocab_size:
-            train_cli._draft_vocabulary(model_args, drafter, train_rows, eval_rows, str(trunk))
-
-    # A resumed trunk is rebuilt the same way (the draft vocabulary is counted from the same rows), then its
-    # checkpoint's weights replace the new ones.
-    drafter = train_cli._build_drafter(model_args, target, train_rows.target_layer_ids, vocabulary)
-
-    def milestone(index: int, step: int, model) -> None:
-        record_milestone(campaign, config, index, step, clock.hours(), model, target, tokenizer, progress)
-
-    callback = _campaign_callback(campaign, config, clock, milestone)
-    extra = []
-    if stop_after_steps is not None:
-        from transformers import TrainerCallback
-
-        class StopAfter(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                if state.global_step >= stop_after_steps:
-                    control.should_save = True
-                    control.should_training_stop = True
-
-        extra.append(StopAfter())
-    trainer = CarryoverTrainer(model=drafter, target_model=target, args=args, train_dataset=train_rows,
-                               eval_dataset=eval_rows, processing_class=tokenizer, callbacks=[callback, *extra])  # fmt: skip
-    print(f"campaign {config.name}: {'resuming ' + Path(last).name if last else 'starting'} at "
-          f"{clock.hours():.3f} training core-hours, next milestone at "
-          f"{milestone_core_hours(config, len(campaign.milestones())):g}", flush=True)  # fmt: skip
-    previous = signal.signal(signal.SIGTERM, callback.request_stop)  # stop: checkpoint after the current step
+    trainers = _Trainers(config, target, tokenizer, FeatureStore(stores["train"]), FeatureStore(stores["eval"]), trunk)
+    stop = StopRequest()
+    previous = signal.signal(signal.SIGTERM, stop)  # stop: checkpoint after the current step
     try:
-        trainer.train(resume_from_checkpoint=last)
+        while True:
+            last = get_last_checkpoint(str(trunk)) if trunk.is_dir() else None
+            clock = CoreHours(_core_seconds_at(last))
+            index = len(campaign.milestones())
+            callback = _trunk_callback(clock, milestone_core_hours(config, index), stop, stop_after_steps)
+            trainer = trainers(training_arguments(config, trunk), [callback])
+            print(f"campaign {config.name}: {'resuming ' + Path(last).name if last else 'starting'} at "
+                  f"{clock.hours():.3f} training core-hours, milestone {index} at "
+                  f"{milestone_core_hours(config, index):g}", flush=True)  # fmt: skip
+            trainer.train(resume_from_checkpoint=last)
+            step = trainer.state.global_step
+            print(f"campaign {config.name}: trunk at step {step}, {clock.hours():.3f} core-hours", flush=True)
+            if callback.milestone_due:
+                record_milestone(campaign, config, trainers, index, trunk / f"checkpoint-{step}", clock.hours(), progress)
+            if stop.requested or not callback.milestone_due:
+                break
     finally:
         signal.signal(signal.SIGTERM, previous)
-    print(f"campaign {config.name}: stopped at step {trainer.state.global_step}, {clock.hours():.3f} core-hours", flush=True)
 
 
 # -- step 3: milestones -----------------------------------------------------------------------------------------------
-def record_milestone(campaign: Campaign, config: CampaignConfig, index: int, step: int, core_hours: float, model,
-                     target, tokenizer, progress: bool = True) -> dict:  # fmt: skip
-    """Saves the trunk's weights as milestone `index` and benchmarks them as the drafter alone."""
+def decay_steps(config: CampaignConfig, step: int) -> int:
+    """Steps of a milestone's decay branch from trunk step `step` (0: the trunk's own weights are the milestone)."""
+    if config.milestone_decay_fraction == 0:
+        return 0
+    return max(config.milestone_min_decay_steps, round(config.milestone_decay_fraction * step))
+
+
+def record_milestone(campaign: Campaign, config: CampaignConfig, trainers: "_Trainers", index: int, checkpoint: Path,
+                     core_hours: float, progress: bool = True) -> dict:  # fmt: skip
+    """Milestone `index` from the trunk checkpoint: a decay branch (the trunk's run continued for `decay_steps` with
+    the learning rate annealed to 0, as a released drafter would end), its held-out tau, its weights (safetensors)
+    and, unless disabled, a benchmark of them as the drafter alone. The trunk itself is not changed."""
+    import shutil
+
+    step = int(checkpoint.name.rsplit("-", 1)[1])
     folder = campaign.dir / "milestones" / f"m{index:02d}"
-    model.save_pretrained(folder)
-    record: dict[str, Any] = {"index": index, "step": step, "core_hours": round(core_hours, 5),
-                              "planned_core_hours": milestone_core_hours(config, index), "folder": str(folder)}  # fmt: skip
+    branch = folder / "decay"
+    extra = decay_steps(config, step)
+    started = time.process_time()
+    args = training_arguments(config, branch, max_steps=step + extra, lr_scheduler_type="warmup_stable_decay",
+                              lr_scheduler_kwargs={"num_decay_steps": extra}, eval_strategy="no", save_strategy="no")  # fmt: skip
+    if extra == 0:
+        args = training_arguments(config, branch, max_steps=step, eval_strategy="no", save_strategy="no")
+    trainer = trainers(args, [])
+    trainer.train(resume_from_checkpoint=str(checkpoint))
+    evaluation = trainer.evaluate()
+    trainer.save_model(str(folder))
+    shutil.rmtree(branch, ignore_errors=True)
+    record: dict[str, Any] = {
+        "index": index, "step": step, "core_hours": round(core_hours, 5),
+        "planned_core_hours": milestone_core_hours(config, index), "decay_steps": extra,
+        "decay_core_hours": round((time.process_time() - started) / 3600.0, 5),
+        "final_learning_rate": trainer.lr_scheduler.get_last_lr()[0],
+        "eval_tau": evaluation.get("eval_tau_teacher_forced"), "eval_loss": evaluation.get("eval_loss"),
+        "folder": str(folder),
+    }  # fmt: skip
     if config.milestone_prompts_per_category:
-        record["bench"] = benchmark_milestone(config, folder, target, tokenizer, progress)
+        record["bench"] = benchmark_milestone(config, folder, trainers.target, trainers.tokenizer, progress)
     campaign.add_milestone(record)
-    print(f"campaign: milestone {index} at step {step}, {core_hours:.3f} core-hours: {record.get('bench')}", flush=True)
+    print(f"campaign: milestone {index} at trunk step {step} + {extra} decay steps, {core_hours:.3f} core-hours, "
+          f"held-out tau {record['eval_tau']}: {record.get('bench')}", flush=True)  # fmt: skip
     return record
 
 
@@ -598,7 +635,7 @@ def _stop(campaign: Campaign, wait: float) -> int:
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline and campaign.running_pid() is not None:
         time.sleep(1)
-    print("stopped after its checkpoint" if campaign.running_pid() is None else
+    print("stopped" if campaign.running_pid() is None else
           f"asked pid {pid} to stop; it checkpoints and exits after its current step")  # fmt: skip
     return 0
 
