@@ -13,7 +13,7 @@ from transformers.generation.candidate_generator import DFlashTokenCandidateGene
 
 import carryover_hf
 from carryover_hf import CarryoverDrafterModel
-from carryover_hf.generation import RoundObserver
+from carryover_hf.generation import RoundObserver, drafts_in_budget
 from carryover_hf.hub import CheckpointError, detect_format, export_speculators, import_checkpoint
 from carryover_hf.hub.convert import drafter_config_from_checkpoint
 from carryover_hf.hub.convert import main as convert_main
@@ -73,9 +73,10 @@ class Recorder:
 
         def native_candidates(gen, input_ids, *args, **kwargs):
             ids, logits = native_get(gen, input_ids, *args, **kwargs)
-            # The native generator always proposes block_size - 1 tokens; only those inside the length budget can be
-            # accepted (generate crops the rest), and the Carryover generator proposes exactly those.
-            n = max(0, min(gen.block_size - 1, gen.main_model_max_length - input_ids.shape[1] - 1))
+            # The native generator proposes block_size - 1 tokens whenever two or more are left; generate keeps at most
+            # the `max_length - n` inside the length budget (the last one may be a draft), and the Carryover
+            # generator proposes exactly those.
+            n = gen.main_model_max_length - input_ids.shape[1]
             proposals, logits = ids[0, input_ids.shape[1]:][:n].tolist(), None if logits is None else logits[:, :n]
             self.native.append((input_ids.shape[1], proposals, logits))
             return ids, logits
@@ -152,6 +153,40 @@ def test_muse_import_proposes_exactly_what_transformers_dflash_proposes(target_d
     assert max(all_lengths) > 1, "the comparison must include rounds that accept drafts"
     if strength:
         assert set(all_lengths) == set(range(1, BLOCK + 1)), "no, some and all drafts accepted"
+
+
+def test_proposal_counts_match_transformers_dflash_at_the_length_budget(target_dir, muse, tmp_path, monkeypatch):
+    """Near `max_new_tokens`, every round proposes as many drafts as Transformers' DFlash path proposes inside the
+    length budget, the last proposals included: budgets from 1 to 3 blocks cut them at every place, and a cut proposal
+    may fill the budget's last token with a draft (the native path's count), not leave it to the bonus token."""
+    model, folder = muse
+    import_checkpoint(folder, tmp_path / "converted", target=target_dir)
+    drafter = CarryoverDrafterModel.from_pretrained(tmp_path / "converted").eval()
+    target = skewed(target_dir, 1.0)
+    recorder = Recorder(monkeypatch, drafter)
+    generator = torch.Generator().manual_seed(11)
+    left_at_cut, filled = set(), 0
+    for prompt in range(3):
+        ids = torch.randint(0, VOCAB - 1, (1, 3 + prompt), generator=generator)
+        for budget in range(1, 3 * BLOCK + 1):
+            recorder.clear()
+            native = target.generate(ids, assistant_model=model, speculation_type="dflash", max_new_tokens=budget,
+                                     do_sample=False)  # fmt: skip
+            ours = target.generate(ids, assistant_model=drafter, max_new_tokens=budget, do_sample=False)
+            assert ours.tolist() == native.tolist()
+            max_length = ids.shape[1] + budget
+            counts = [(n, len(p)) for n, p, _ in recorder.ours]
+            assert counts == [(n, len(p)) for n, p, _ in recorder.native], budget
+            stats = drafter.last_generation_stats
+            assert stats.acceptance_lengths == recorder.native_lengths[1:]
+            assert stats.draft_lengths == [c for _, c in counts[1:]]  # the prefill's call proposes nothing
+            for (n, count), accepted in zip(counts[1:], stats.acceptance_lengths):
+                assert count == drafts_in_budget(BLOCK, max_length, n)
+                if max_length - n < BLOCK:  # the budget cuts this proposal (1 left: the final plain step)
+                    left_at_cut.add(max_length - n)
+                    filled += count == max_length - n and accepted == count  # its last draft ends the output
+    assert left_at_cut == set(range(1, BLOCK)), left_at_cut
+    assert filled > 0, "some cut proposal must be accepted up to the budget's last token"
 
 
 def test_sliding_window_is_rejected_or_exact_inside_the_window(target, target_dir, tmp_path, monkeypatch):

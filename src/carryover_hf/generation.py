@@ -387,6 +387,19 @@ def lookup_candidates(
     return candidate_ids, candidate_logits
 
 
+def drafts_in_budget(block_size: int, max_length: int, length: int) -> int:
+    """How many drafts a drafter proposal offers from a sequence of `length` tokens: as many of its drafts as
+    Transformers' DFlash path (`DFlashTokenCandidateGenerator`) proposes and its assisted loop can keep, so the two
+    propose the same count in every round.
+
+    That path proposes nothing when one token is left (the target's plain step fills it), else `block_size - 1`
+    drafts uncapped; the loop keeps at most `max_length - length` tokens of a round (`tokens_budget`), so the last
+    token of the budget may be a draft (in place of the target's bonus token). Drafts past the budget are never kept
+    and are not proposed here. Transformers 5.17-5.25 all do this. 0: the round is the final plain step."""
+    left = max_length - length
+    return 0 if left <= 1 else min(block_size - 1, left)
+
+
 @dataclass
 class RoundPlan:
     """What a round does: `"draft"` (a drafter proposal of up to `num_drafts`), `"lookup"` (propose `drafts`, copied
@@ -428,8 +441,10 @@ class ProposalPolicy:
     ) -> RoundPlan:
         """This round's plan, given the sequence and whether the round just verified accepted its first draft (these
         rules need no more; `accepted_drafts`, how many it accepted, is for policies that estimate acceptance)."""
-        room = self.max_length - input_ids.shape[1] - 1  # drafts that fit before the length budget's last token
-        num_drafts = min(self.block_size - 1, room)
+        # A drafter proposal offers as many drafts as Transformers' DFlash path would (its last may fill the budget's
+        # last token); a context lookup (no native counterpart) only those before that token (`room`).
+        room = self.max_length - input_ids.shape[1] - 1
+        num_drafts = drafts_in_budget(self.block_size, self.max_length, input_ids.shape[1])
         if self.lookup_backoff is not None and self.last_from_lookup:
             self.lookup_backoff.record(first_draft_accepted)
         last_num_drafts, self.last_num_drafts, self.last_from_lookup = self.last_num_drafts, 0, False
@@ -846,6 +861,7 @@ __all__ = [
     "check_generation_options",
     "check_pair",
     "declare_generation_options",
+    "drafts_in_budget",
     "install_generation_hook",
     "lookup_candidates",
     "lookup_continuation",
