@@ -683,7 +683,7 @@ def cost_aware_policy(target, drafter, input_ids, generation_config):
     """`round_policy="cost"`: a `round_policy.CostAwarePolicy` over the drafter and a suffix match (the drafter's
     `suffix_cache` when one is set, shared across calls; else this call's sequence alone), with the verification cost
     of `verification_cost`."""
-    from .round_policy import AcceptanceMemory, CostAwarePolicy, VerificationCost, calibrate
+    from .round_policy import ROUND_POLICY_STATE_ATTRIBUTE, AcceptanceMemory, CostAwarePolicy, VerificationCost, calibrate
     from .suffix_cache import SuffixCache
 
     block_size = drafter.config.block_size
@@ -696,7 +696,7 @@ def cost_aware_policy(target, drafter, input_ids, generation_config):
     # What earlier calls learnt goes on with the next, kept on the drafter (runtime state, never saved): acceptance per
     # source, per target and temperature (`AcceptanceMemory`), and measured round costs. Only where that cannot change
     # the output (greedy) or the call asked for timings to decide (measured): else a seed gives the same sample twice.
-    learnt = drafter.__dict__.setdefault("_round_policy_memory", {})
+    learnt = drafter.__dict__.setdefault(ROUND_POLICY_STATE_ATTRIBUTE, {})
     temperature = generation_config.temperature if sampling else 0.0
     shared = measured or not sampling
     memory = learnt.setdefault(("acceptance", id(target), temperature), AcceptanceMemory()) if shared else None

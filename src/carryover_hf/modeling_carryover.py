@@ -35,6 +35,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_carryover import CarryoverDrafterConfig, proposal_generation_config
 from .masks import additive_mask
+from .round_policy import ROUND_POLICY_STATE_ATTRIBUTE, RoundPolicyState
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -419,6 +420,25 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
 
     def can_generate(self) -> bool:  # a drafter proposes through its target, it has no `generate` of its own
         return False
+
+    # -- what the cost-aware round policy learns across generate calls (runtime state, never saved) -------------
+    def round_policy_state(self) -> RoundPolicyState:
+        """A snapshot (a copy) of what `round_policy="cost"` has learnt across this drafter's `generate` calls in
+        this process: acceptance memories per target and temperature, measured round costs per target, device, dtype
+        and thread count (`carryover_hf.round_policy.RoundPolicyState`). A later call's proposals depend on it, so
+        a benchmark that wants each prompt's rounds independent of the prompts before it restores one snapshot
+        before every prompt (`carryover-hf bench --policy_memory`)."""
+        return RoundPolicyState(self.__dict__.get(ROUND_POLICY_STATE_ATTRIBUTE, {}))
+
+    def restore_round_policy_state(self, state: RoundPolicyState) -> None:
+        """Make the next `generate` call start from `state` (a copy of it: the snapshot itself never changes)."""
+        if not isinstance(state, RoundPolicyState):
+            raise TypeError(f"expected a RoundPolicyState (from round_policy_state()), got {type(state).__name__}")
+        self.__dict__[ROUND_POLICY_STATE_ATTRIBUTE] = state.copy_learnt()
+
+    def reset_round_policy_state(self) -> None:
+        """Forget what earlier `generate` calls taught the round policy: the next call starts as on a fresh drafter."""
+        self.__dict__.pop(ROUND_POLICY_STATE_ATTRIBUTE, None)
 
     # -- the two entry points of target features -------------------------------------------------------------
     def fuse_context(self, features: torch.Tensor) -> torch.Tensor:

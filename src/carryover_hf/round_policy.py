@@ -27,6 +27,7 @@ to be worse than the target alone.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -306,6 +307,36 @@ class AcceptanceMemory:
         return self.estimates[key]
 
 
+# Where `generation.cost_aware_policy` keeps what the policy learns across calls: a dict in the drafter's `__dict__`
+# (runtime state, never saved), read and written whole through `CarryoverDrafterModel.round_policy_state` and
+# `restore_round_policy_state`.
+ROUND_POLICY_STATE_ATTRIBUTE = "_round_policy_memory"
+
+
+class RoundPolicyState:
+    """A copy of what the cost-aware round policy keeps on a drafter across `generate` calls: the `AcceptanceMemory`
+    per target and temperature and the `MeasuredCost` per target, device, dtype and thread count (runtime state of
+    this process, never saved with the model). Take one with `drafter.round_policy_state()` and put it back, as often
+    as wanted, with `drafter.restore_round_policy_state(state)`: both copy, so calls after a restore never change the
+    snapshot, and every restore starts from the same state. An empty one (`RoundPolicyState()`) is a drafter that
+    has learnt nothing yet (`drafter.reset_round_policy_state()`). Opaque: `len` is how many memories and costs it
+    holds."""
+
+    def __init__(self, learnt: Mapping | None = None):
+        self._learnt = copy.deepcopy(dict(learnt or {}))
+
+    def __len__(self) -> int:
+        return len(self._learnt)
+
+    def __repr__(self) -> str:
+        kinds = [key[0] if isinstance(key, tuple) and key else key for key in self._learnt]
+        return f"RoundPolicyState({', '.join(f'{kinds.count(k)} {k}' for k in dict.fromkeys(kinds)) or 'empty'})"
+
+    def copy_learnt(self) -> dict:
+        """A fresh copy of the state, in the form the drafter keeps it (for `restore_round_policy_state`)."""
+        return copy.deepcopy(self._learnt)
+
+
 class CostAwarePolicy:
     """A round policy with `ProposalPolicy`'s interface (`plan`, `drafted`, `confidence`, `lookup_drafts`) that picks
     the source and draft count by `best_proposal`, against the call's own rate so far (`RateEstimate`): the drafter (up to block size - 1 drafts, at `drafter_cost` steps a
@@ -495,7 +526,9 @@ __all__ = [
     "CostAwarePolicy",
     "MeasuredCost",
     "ModelledCost",
+    "ROUND_POLICY_STATE_ATTRIBUTE",
     "RateEstimate",
+    "RoundPolicyState",
     "VerificationCost",
     "best_proposal",
     "calibrate",

@@ -384,6 +384,22 @@ def _new_context_sentence(overhead: Mapping[str, Any]) -> str:
             "rows), so the carry adds rows to a fusion that runs anyway.")
 
 
+def _policy_memory_note(memory: Mapping[str, Any]) -> str:
+    """What the cost-aware policy's timed calls started from (`--policy_memory`), for the markdown report."""
+    if memory["mode"] == "warmup":
+        warmup = memory["warmup"]
+        return (f"Round policy memory (`--policy_memory warmup`): every timed `policy` call started from what the "
+                f"policy learnt on the warm-up ({warmup['generations']} greedy generation(s) of up to "
+                f"{warmup['max_new_tokens']} tokens on prompt `{warmup['prompt']}`), so its rounds do not depend on "
+                "the order of the prompts or on a resume.")
+    if memory["mode"] == "reset":
+        return ("Round policy memory (`--policy_memory reset`): every timed `policy` call started as on a fresh "
+                "drafter, so its rounds do not depend on the order of the prompts or on a resume.")
+    return ("Round policy memory (`--policy_memory carry`): each timed `policy` call went on from what the calls "
+            "before it in the same process taught the policy, so its rounds depend on the order of the prompts and "
+            "on where a resumed run started.")
+
+
 def to_markdown(report: Mapping[str, Any]) -> str:
     s = report["settings"]
     target = report["target"]["name_or_path"] or report["target"]["model_type"]
@@ -429,6 +445,9 @@ def to_markdown(report: Mapping[str, Any]) -> str:
     multi_turn = report["prompts"].get("multi_turn_first_turn_only")
     if multi_turn:
         lines += ["", f"{multi_turn} multi-turn prompts were benchmarked on their first turn only."]
+    memory = report.get("policy_memory")
+    if memory and any(m.get("kind") == "policy" for m in report["methods"]):
+        lines += ["", _policy_memory_note(memory)]
     correctness = report["correctness"]
     for block in report["results"]:
         t = block["temperature"]

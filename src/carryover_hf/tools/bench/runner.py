@@ -12,6 +12,12 @@ time of every batch of new tokens) and a thin wrapper around whatever candidate 
 proposed, drafts accepted and time per round). The first forward of the target (the prefill; for prompt lookup it
 also verifies drafts found in the prompt) is kept apart: acceptance and decode statistics start after it, for every
 method alike.
+
+The cost-aware policy learns across calls (`CarryoverDrafterModel.round_policy_state`: acceptance memories and
+measured round costs), so a prompt's rounds would depend on the prompts measured before it in the process.
+`--policy_memory` (`POLICY_MEMORY_MODES`) fixes what every timed call starts from: by default the state learnt on the
+warm-up generations, restored before each call, so per-prompt rounds do not depend on the order, the shard or a
+`--resume`.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from transformers.generation.streamers import BaseStreamer
 from ...compatibility import check_compatibility
 from ...hub.native import NativeDFlashUnavailable, to_native_dflash
 from ...modeling_carryover import CarryoverDrafterModel
+from ...round_policy import RoundPolicyState
 from ...utils import device_synchronizer, model_fingerprint, pad_token_id
 from .journal import RunJournal
 from .overhead import check_new_context_rows
@@ -43,6 +50,12 @@ from .prompts import Prompt, encode_prompt
 GLOBAL_METHODS = ("target", "prompt_lookup")
 DRAFTER_METHODS = ("dflash_native", "carry_off", "carry_on", "rules", "policy")
 METHOD_KINDS = GLOBAL_METHODS + DRAFTER_METHODS
+# What a drafter's round policy starts each timed call from (see `--policy_memory`).
+POLICY_MEMORY_MODES = {
+    "warmup": "what it learnt on the warm-up generations (the same state, restored before every timed call)",
+    "reset": "nothing: a fresh drafter's state before every timed call",
+    "carry": "whatever the calls before it left (the prompts measured earlier in this process: order-dependent)",
+}
 # Default greedy tie tolerance (in logits) per dtype: 0 means outputs must be token-identical.
 DEFAULT_TIE_TOLERANCE = {"float32": 0.0, "float64": 0.0, "bfloat16": 1.0, "float16": 0.25}
 
@@ -70,6 +83,14 @@ class BenchmarkSettings:
                   f"alone (defaults per dtype: {DEFAULT_TIE_TOLERANCE}); 0 demands identical tokens."},
     )
     warmup: int = field(default=1, metadata={"help": "Untimed warm-up generations per method before measuring."})
+    policy_memory: str = field(
+        default="warmup",
+        metadata={"help": "What the cost-aware round policy (learning across generate calls) starts each timed call "
+                  "from: 'warmup' (what it learnt on the warm-up generations, restored before every call), 'reset' "
+                  "(nothing, as a fresh drafter) or 'carry' (whatever earlier prompts left: order-dependent, as "
+                  "before this option). With 'warmup' and 'reset' per-prompt rounds do not depend on the order of the "
+                  "prompts, on --shard or on --resume."},
+    )
     bootstrap_resamples: int = field(default=9999, metadata={"help": "Bootstrap resamples per interval."})
     confidence: float = field(default=0.95, metadata={"help": "Confidence level of the intervals."})
     compare: list[str] = field(
@@ -132,6 +153,8 @@ class BenchmarkSettings:
         bad = [m for m in self.methods if m not in METHOD_KINDS]
         if bad:
             raise ValueError(f"unknown methods {bad}; choose from {list(METHOD_KINDS)}")
+        if self.policy_memory not in POLICY_MEMORY_MODES:
+            raise ValueError(f"policy_memory must be one of {list(POLICY_MEMORY_MODES)}, got {self.policy_memory!r}")
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise ValueError(f"temperatures must be a non-empty list of values >= 0, got {self.temperatures}")
         if len(set(self.temperatures)) != len(self.temperatures):
@@ -634,18 +657,26 @@ def run_benchmark(
     pending = [(temperature, index) for temperature, index in order if (temperature, prompts[index].id) not in finished]
     started = time.perf_counter()
 
+    policy_states: dict[int, RoundPolicyState] = {}  # id(drafter) -> what its timed calls start from
     if pending:
+        if settings.policy_memory != "carry":  # nothing learnt before this run counts
+            for drafter in drafters.values():
+                drafter.reset_round_policy_state()
         # Warm-up: kernels, allocator and caches settle before anything is timed.
-        first = encoded[prompts[0].id]
+        first = encoded[warmup_prompt(prompts, settings).id]
         for _ in range(settings.warmup):
             for method in methods:
-                run_method(target, method, first, 0.0, settings, settings.seed, max_new_tokens=min(16, settings.max_new_tokens))
+                run_method(target, method, first, 0.0, settings, settings.seed, max_new_tokens=warmup_tokens(settings))
+        if settings.policy_memory != "carry":  # 'reset': reset above, and the warm-up's learning is undone each call
+            warm = settings.policy_memory == "warmup"
+            policy_states = {id(d): d.round_policy_state() if warm else RoundPolicyState() for d in drafters.values()}
     timed_on = machine(target.device)
     bar = tqdm(total=len(pending) * len(methods), desc="bench", unit="gen", disable=not progress)
     for temperature, index in pending:
         if time_limit is not None and time.perf_counter() - started > time_limit:
             break
-        group = _run_prompt_group(target, methods, prompts[index], index, encoded, temperature, settings, tolerance, bar)
+        group = _run_prompt_group(target, methods, prompts[index], index, encoded, temperature, settings, tolerance,
+                                  bar, policy_states)
         if journal is not None:
             journal.record(group, command=(run_info or {}).get("command"), machine=timed_on)
         finished[(temperature, prompts[index].id)] = group
@@ -683,6 +714,7 @@ def run_benchmark(
             "segments": journal.segments if journal else [],
         },
     )
+    report["policy_memory"] = describe_policy_memory(prompts, settings)
     if output_dir is not None:
         write_report(report, output_dir)
     if settings.fail_on_mismatch and not report["correctness"]["passed"]:
@@ -722,15 +754,38 @@ def _interleaved_by_category(prompts: Sequence[Prompt]) -> list[int]:
     return [index for round_ in rounds for index in round_ if index is not None]
 
 
-def _run_prompt_group(target, methods, prompt, index, encoded, temperature, settings, tolerance, bar) -> dict[str, Any]:
+def warmup_prompt(prompts: Sequence[Prompt], settings: BenchmarkSettings) -> Prompt:
+    """The prompt of the warm-up generations: the first by id (the same whatever the order of `prompts`, so that the
+    state the round policy learns on it is too), or with `policy_memory="carry"` the first given (as before it)."""
+    return prompts[0] if settings.policy_memory == "carry" else min(prompts, key=lambda p: p.id)
+
+
+def warmup_tokens(settings: BenchmarkSettings) -> int:
+    return min(16, settings.max_new_tokens)
+
+
+def describe_policy_memory(prompts: Sequence[Prompt], settings: BenchmarkSettings) -> dict[str, Any]:
+    """The report's account of what each timed call's round policy started from (`--policy_memory`)."""
+    mode = settings.policy_memory
+    warmup = {"prompt": warmup_prompt(prompts, settings).id, "generations": settings.warmup,
+              "max_new_tokens": warmup_tokens(settings), "temperature": 0.0}  # fmt: skip
+    return {"mode": mode, "starts_from": POLICY_MEMORY_MODES[mode], "order_independent": mode != "carry",
+            "warmup": warmup if mode == "warmup" else None}  # fmt: skip
+
+
+def _run_prompt_group(target, methods, prompt, index, encoded, temperature, settings, tolerance, bar,
+                      policy_states: Mapping[int, RoundPolicyState] | None = None) -> dict[str, Any]:  # fmt: skip
     """Every method on one prompt at one temperature, back to back (starting at a different method for each prompt),
-    with the greedy gate at temperature 0. Returns the journal's group record."""
+    with the greedy gate at temperature 0. Returns the journal's group record. A method whose drafter has a state in
+    `policy_states` (by `id`) starts from it (see `--policy_memory`)."""
     ids = encoded[prompt.id]
     start = index % len(methods)
     outputs: dict[str, torch.LongTensor] = {}
     runs: dict[str, PromptRun] = {}
     for method in methods[start:] + methods[:start]:
         bar.set_postfix_str(f"T={temperature:g} {method.name}")
+        if policy_states and id(method.assistant) in policy_states:
+            method.assistant.restore_round_policy_state(policy_states[id(method.assistant)])
         new_tokens, measured = run_method(target, method, ids, temperature, settings, settings.seed + index)
         outputs[method.name] = new_tokens
         runs[method.name] = PromptRun(
@@ -771,8 +826,13 @@ def _measures(target, drafters, methods, prompts, encoded, settings, tolerance, 
     tokens = hashlib.sha256()
     for prompt in prompts:
         tokens.update(prompt.id.encode() + b"\0" + encoded[prompt.id].numpy().tobytes())
+    measured_settings = {k: v for k, v in asdict(settings).items() if k not in REPORT_ONLY_SETTINGS}
+    if settings.policy_memory == "carry":  # what runs before the option measured: their journals resume with it
+        del measured_settings["policy_memory"]
+    elif settings.policy_memory == "warmup":  # every timed call starts from what the warm-up taught the policy
+        measured_settings["warmup"] = settings.warmup
     return {
-        "settings": {k: v for k, v in asdict(settings).items() if k not in REPORT_ONLY_SETTINGS},
+        "settings": measured_settings,
         "tie_tolerance": tolerance,
         "methods": [m.describe() for m in methods],
         "prompts": {"ids": [p.id for p in prompts], "tokens": tokens.hexdigest()[:16]},
@@ -816,6 +876,7 @@ def _measure_overheads(target, drafters, prompts, encoded, recorded, settings, p
 __all__ = [
     "DEFAULT_TIE_TOLERANCE",
     "METHOD_KINDS",
+    "POLICY_MEMORY_MODES",
     "BenchmarkSettings",
     "CorrectnessError",
     "Method",
