@@ -8,6 +8,8 @@ from huggingface_hub.dataclasses import strict
 from transformers import GenerationConfig, PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
+from .errors import ProposalOptionError
+
 
 DRAFTER_TYPES = ("dflash", "markov")
 
@@ -35,6 +37,27 @@ PROPOSAL_OPTIONS = ("draft_confidence_threshold", *COUNT_OPTIONS)
 # `round_policy`: None (or "rules") for the rule-based policy those options drive, "cost" for the cost-aware one.
 PROPOSAL_DEFAULTS = {"use_carryover": True, "round_policy": None, **dict.fromkeys(PROPOSAL_OPTIONS)}
 ROUND_POLICIES = ("rules", "cost")
+# Options a generate call takes that have no drafter default (`generation.CARRYOVER_GENERATION_OPTIONS` lists all).
+CALL_ONLY_OPTIONS = ("carryover_timing", "verification_cost")
+
+
+def proposal_option_error(name: str, value: Any = ..., owner: str = "CarryoverDrafterConfig") -> ProposalOptionError:
+    """The one-line error for a proposal option read (`value` omitted) or set on a drafter's config: it names where
+    the option lives instead (`drafter.generation_config.<name>`, or the generate call)."""
+    shown = "..." if value is ... else repr(value)
+    if name in CALL_ONLY_OPTIONS:
+        return ProposalOptionError(
+            f"{owner} has no `{name}`: it is a per-call option; pass `{name}={shown}` to the generate call (in its "
+            "GenerationConfig, or as a keyword after `carryover_hf.generation.declare_generation_options(target)`)."
+        )
+    if value is ...:
+        where = f"read `drafter.generation_config.{name}`"
+    else:
+        where = f"set `drafter.generation_config.{name} = {shown}`"
+    return ProposalOptionError(
+        f"{owner} has no `{name}`: proposal defaults live in the drafter's generation config; {where} instead "
+        f"(or pass `{name}=...` to the generate call)."
+    )
 
 
 def check_count_option(name: str, value) -> int | None:
@@ -75,10 +98,13 @@ class CarryoverDrafterConfig(PreTrainedConfig):
     hidden states as context and, with `use_carryover`, the target's states at the previous round's rejected draft
     positions.
 
-    Architecture and training facts only: the proposal defaults a `generate` call starts from (`use_carryover`,
-    `draft_confidence_threshold`, `proposal_backoff`, `lookup_drafts`, `lookup_backoff`; docs/generate.md) are the
-    model's `generation_config` (generation_config.json). A config.json saved before holds them: they are read into
-    `legacy_proposal_defaults` (and from there into the model's generation config), not kept as fields.
+    Architecture and training facts only: the proposal defaults a `generate` call starts from (`PROPOSAL_DEFAULTS`:
+    `use_carryover`, `round_policy`, `draft_confidence_threshold`, `proposal_backoff`, `lookup_drafts`,
+    `lookup_backoff`; docs/generate.md) are the model's `generation_config` (generation_config.json). A config.json
+    saved before holds them (and the constructor takes them as keywords): they are read into
+    `legacy_proposal_defaults` (and from there into the generation config of a model built from it), not kept as
+    fields. Reading or setting one on a config afterwards (`drafter.config.use_carryover = False`) raises a
+    `ProposalOptionError` naming `drafter.generation_config.<option>`: it would otherwise change nothing.
 
     The defaults describe a 5-layer drafter for Qwen3-4B (the public DFlash layout). Use
     [`CarryoverDrafterConfig.from_target_config`] to build a config matched to any causal LM.
@@ -150,6 +176,18 @@ class CarryoverDrafterConfig(PreTrainedConfig):
             self.target_layer_ids = default_target_layer_ids(self.target_num_hidden_layers, self.num_hidden_layers)
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
         super().__post_init__(**kwargs)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A proposal option set here would be ignored (generate reads `drafter.generation_config`): refuse it.
+        if name in PROPOSAL_DEFAULTS or name in CALL_ONLY_OPTIONS:
+            raise proposal_option_error(name, value, type(self).__name__)
+        super().__setattr__(name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes that do not exist: say where a proposal option lives instead.
+        if name in PROPOSAL_DEFAULTS or name in CALL_ONLY_OPTIONS:
+            raise proposal_option_error(name, owner=type(self).__name__)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def validate_carryover(self):
         """Checks the drafting fields; each message says how to fix the value."""

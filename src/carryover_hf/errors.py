@@ -18,6 +18,12 @@ class InputNotFoundError(UsageError, FileNotFoundError):
     """A file, folder or model named on the command line does not exist: the message says where to get it."""
 
 
+class ProposalOptionError(UsageError, AttributeError):
+    """A proposal option (`use_carryover`, `lookup_drafts`, ...) read or set on a drafter's `config`, which does not
+    hold them: the message names where it lives (`drafter.generation_config.<option>`, or the generate call). An
+    `AttributeError` too, so `hasattr(config, option)` stays False and `getattr(config, option, default)` works."""
+
+
 USAGE_EXIT_CODE = 2
 
-__all__ = ["USAGE_EXIT_CODE", "InputNotFoundError", "UsageError"]
+__all__ = ["USAGE_EXIT_CODE", "InputNotFoundError", "ProposalOptionError", "UsageError"]

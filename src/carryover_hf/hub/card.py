@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -220,4 +222,63 @@ def render_model_card(
     )
 
 
-__all__ = ["DEFAULT_TEMPLATE", "format_evaluation", "render_model_card"]
+def _parse_interval(text: str) -> tuple[float | None, list[float] | None]:
+    """The inverse of `_interval`: `6.53 [6.41, 6.65]` (or `1.47x [...]`) -> (6.53, [6.41, 6.65]); `—` -> (None,
+    None)."""
+    numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?", text)]
+    if not numbers:
+        return None, None
+    return numbers[0], numbers[1:3] if len(numbers) == 3 else None
+
+
+def card_inputs(text: str) -> dict[str, Any]:
+    """What a card rendered by `render_model_card` was given beyond the drafter's files (its config and generation
+    config): `repo_id`, `base_model`, `license`, extra `tags`, `training_data`, `objective`, `export_format`, the
+    `evaluation` rows and `evaluation_note`; read back from its text so that `refresh_model_card` re-renders it."""
+    card = ModelCard(text)
+    data = card.data.to_dict()
+    body = card.text
+    inputs: dict[str, Any] = {"base_model": data.get("base_model"), "license": data.get("license", "apache-2.0")}
+    known = {*BASE_TAGS, "carryover-dflash", "carryover-markov", "speculators"}
+    inputs["tags"] = [tag for tag in data.get("tags") or () if tag not in known]
+    inputs["export_format"] = "speculators" if "speculators" in (data.get("tags") or ()) else None
+    repo = re.search(r'AutoModel\.from_pretrained\("([^"]+)"', body) or re.search(r'"model": "([^"]+)"', body)
+    inputs["repo_id"] = repo.group(1) if repo and repo.group(1) != "PATH_OR_REPO_ID" else None
+    for key, label in (("training_data", "Data"), ("objective", "Objective")):
+        found = re.search(rf"^\* \*\*{label}:\*\* (.*)$", body, re.M)
+        inputs[key] = found.group(1) if found and found.group(1) != "not recorded" else None
+    section = re.search(r"^## Evaluation\n\n(.*?)\n\n\| Category \|[^\n]*\n\| ---[^\n]*\n(.*?)\n\n", body, re.M | re.S)
+    inputs["evaluation"] = inputs["evaluation_note"] = None
+    if section:
+        inputs["evaluation_note"] = section.group(1)
+        rows = []
+        for line in section.group(2).splitlines():
+            category, tau, speedup = (cell.strip() for cell in line.strip().strip("|").split("|"))
+            row: dict[str, Any] = {"category": category}
+            for key, cell in (("acceptance_length", tau), ("speedup", speedup)):
+                value, interval = _parse_interval(cell)
+                if value is not None:
+                    row[key] = value
+                if interval is not None:
+                    row[f"{key}_ci"] = interval
+            rows.append(row)
+        inputs["evaluation"] = rows
+    return inputs
+
+
+def refresh_model_card(folder: str | Path, template_path: str | Path | None = None) -> ModelCard:
+    """Re-render the card (`README.md`) of a saved drafter folder from the current template, keeping what the card was
+    rendered with (`card_inputs`: repo id, training text, evaluation table, notes, metadata) and reading the drafter's
+    config.json and generation_config.json; returns the card (`.save(folder / "README.md")` writes it).
+
+    For cards made by `carryover-hf push --dry-run` (the shipped drafters'), when the template changes: the bench
+    results and notes they were rendered from need not be at hand."""
+    folder = Path(folder)
+    config = CarryoverDrafterConfig.from_json_file(folder / "config.json")
+    saved = folder / "generation_config.json"
+    generation_config = json.loads(saved.read_text()) if saved.is_file() else None
+    inputs = card_inputs((folder / "README.md").read_text(encoding="utf-8"))
+    return render_model_card(config, generation_config=generation_config, template_path=template_path, **inputs)
+
+
+__all__ = ["DEFAULT_TEMPLATE", "card_inputs", "format_evaluation", "refresh_model_card", "render_model_card"]
