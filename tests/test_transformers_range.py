@@ -24,12 +24,13 @@ from packaging.version import Version
 from carryover_hf.compatibility import SUPPORTED_TRANSFORMERS
 
 ROOT = Path(__file__).resolve().parents[1]
-# The hook's and the trainer's tests: every greedy-equivalence and sampling test, and training end to end.
+# The hook's and the trainer's tests: every greedy-equivalence and sampling test, training end to end, and the
+# per-round comparison with Transformers' own DFlash path (test_hub_convert.py).
 TESTS = ["tests/test_generation_greedy.py", "tests/test_generation_sampling.py", "tests/test_generation_hook.py",
          "tests/test_generation_buffered.py", "tests/test_generation_draft_vocabulary.py",
          "tests/test_generation_round_policy.py", "tests/test_round_policy.py",
          "tests/test_carry_segment.py", "tests/test_training_trainer.py", "tests/test_training_verification.py",
-         "tests/test_training_objectives.py", "tests/test_training_offline.py"]  # fmt: skip
+         "tests/test_training_objectives.py", "tests/test_training_offline.py", "tests/test_hub_convert.py"]  # fmt: skip
 
 
 def _other_end() -> str:

@@ -17,7 +17,7 @@ from .generation import CarryoverCandidateGenerator, GenerationStats, install_ge
 from .modeling_carryover import CarryoverDrafterModel  # noqa: E402
 
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"
 
 AutoConfig.register(CarryoverDrafterConfig.model_type, CarryoverDrafterConfig, exist_ok=True)
 AutoModel.register(CarryoverDrafterConfig, CarryoverDrafterModel, exist_ok=True)
