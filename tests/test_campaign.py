@@ -150,3 +150,36 @@ def test_rows_that_answer_a_held_out_prompt_again_are_not_trained_on():
     assert held_out["id"] == ["b", "c"] and train["id"] == ["a", "d", "e"]
     with pytest.raises(UsageError, match="need more"):
         split_held_out(rows, range(4, 8))
+
+
+def test_a_campaign_goes_on_elsewhere_from_an_exported_milestone(target, dataset, tmp_path, monkeypatch):
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(campaign_module.time, "process_time", lambda: 0.5 * next(ticks))
+    config = config_for(dataset, first_milestone_core_hours=2 / 3600, milestone_decay_fraction=0.25,
+                        milestone_min_decay_steps=2)  # fmt: skip
+    first = start(tmp_path / "first", config)
+    run(first.dir, target=target, progress=False, stop_after_steps=6)
+    export = tmp_path / "export"
+    write_report(first, tmp_path / "report", export)
+    exported = first.milestones()[-1]
+    assert json.loads((export / "campaign_state.json").read_text())["milestones"] == first.milestones()
+
+    # Another machine: a new campaign folder with the same settings, its trunk seeded from the export.
+    moved = start(tmp_path / "moved", config)
+    moved.seed_from(export, config)
+    assert [m["index"] for m in moved.milestones()] == [m["index"] for m in first.milestones()]
+    run(moved.dir, target=target, progress=False, stop_after_steps=1)
+    assert min(e["core_hours"] for e in moved.log_history()) >= exported["core_hours"]
+    # Its first step starts from the exported weights (one warm-up step away), not from a new drafter.
+    fresh = start(tmp_path / "fresh", config_for(dataset))
+    run(fresh.dir, target=target, progress=False, stop_after_steps=1)
+    seeded, after, new = load_file(str(export / "model.safetensors")), weights(moved, 1), weights(fresh, 1)
+    to_seeded = max((after[n] - seeded[n]).abs().max().item() for n in seeded)
+    to_new = max((after[n] - new[n]).abs().max().item() for n in seeded)
+    assert to_seeded < to_new / 5, (to_seeded, to_new)
+    # An export of another shape, or a campaign that has trained already, is refused before anything is written.
+    with pytest.raises(UsageError, match="differs from the campaign's settings.*block_size"):
+        campaign_module._start(Campaign(tmp_path / "other"), config_for(dataset, block_size=8), False, str(export))
+    assert not (tmp_path / "other").exists()
+    with pytest.raises(UsageError, match="already has a trunk"):
+        campaign_module._start(moved, None, False, str(export))

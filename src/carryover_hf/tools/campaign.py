@@ -4,6 +4,7 @@ One command starts it or resumes it in the background at a fixed thread count; i
 outside the work tree (default `../runs/campaign`), which the next session on the same machine finds again:
 
     carryover-hf campaign start  [--dir DIR] [--config FILE.json]   # start or resume, in the background
+    carryover-hf campaign start  --config FILE.json --from EXPORT   # go on from a committed milestone elsewhere
     carryover-hf campaign status [--dir DIR]                        # running or not, the last curve points
     carryover-hf campaign stop   [--dir DIR]                        # checkpoint at the next step, then exit
     carryover-hf campaign report [--dir DIR] --out RESULTS [--weights FOLDER]  # curve JSON + table + plot to commit
@@ -50,6 +51,7 @@ PID_FILE = "campaign.pid"
 LOG_FILE = "campaign.log"
 MILESTONES_FILE = "milestones.json"
 CHECKPOINT_STATE = "campaign_state.json"
+EXPORT_STATE = "campaign_state.json"  # beside an exported milestone: what a campaign moved to another machine needs
 TRUNK = "trunk"
 
 
@@ -165,6 +167,21 @@ class Campaign:
         self.config_path.write_text(json.dumps(record, indent=2) + "\n")
         return config
 
+    def seed(self) -> dict | None:
+        """Where the trunk started from when the campaign was moved to this machine (`start --from`), if it was."""
+        return json.loads(self.config_path.read_text()).get("seed") if self.exists() else None
+
+    def seed_from(self, export: Path, config: CampaignConfig) -> None:
+        """Starts this (new) campaign's trunk from an exported milestone (`report --weights`): its weights, with a
+        fresh optimizer; its core-hours and milestones carry over, so the curve and the doublings go on."""
+        state = read_export(export, config)
+        record = json.loads(self.config_path.read_text())
+        record["seed"] = {"from": str(export.resolve()), "core_hours": state["core_hours"],
+                          "milestones": len(state["milestones"]), "trunk_step": state["milestones"][-1]["step"]}  # fmt: skip
+        self.config_path.write_text(json.dumps(record, indent=2) + "\n")
+        for milestone in state["milestones"]:
+            self.add_milestone({**milestone, "inherited_from": str(export.resolve())})
+
     def running_pid(self) -> int | None:
         """The pid of the process running this campaign, if it is alive."""
         path = self.dir / PID_FILE
@@ -199,6 +216,23 @@ class Campaign:
             candidates.append(Path(last) / "trainer_state.json")
         states = [json.loads(p.read_text()) for p in candidates if p.is_file()]
         return max(states, key=lambda s: s["global_step"])["log_history"] if states else []
+
+
+def read_export(export: Path, config: CampaignConfig) -> dict:
+    """The state of an exported milestone (`report --weights`), checked against the campaign it is to seed."""
+    state_path = export / EXPORT_STATE
+    if not state_path.is_file() or not (export / "model.safetensors").is_file():
+        raise UsageError(f"--from {export}: no {EXPORT_STATE} and model.safetensors there (write them with "
+                         "`carryover-hf campaign report --weights`).")  # fmt: skip
+    state = json.loads(state_path.read_text())
+    exported = json.loads((export / "config.json").read_text())
+    wanted = {"drafter_type": config.drafter_type, "num_hidden_layers": config.drafter_layers,
+              "block_size": config.block_size, "draft_vocab_size": config.draft_vocab_size,
+              "target_layer_ids": config.target_layer_ids}  # fmt: skip
+    different = sorted(k for k, v in wanted.items() if exported.get(k) != v)
+    if different:
+        raise UsageError(f"--from {export}: the exported drafter differs from the campaign's settings in {different}.")
+    return state
 
 
 def _absolute(config: CampaignConfig) -> CampaignConfig:
@@ -356,10 +390,11 @@ class _Trainers:
     """Builds the drafter and a `CarryoverTrainer` for the trunk or a decay branch, the same way every time (a
     resumed run then loads the checkpoint's weights over the new drafter)."""
 
-    def __init__(self, config: CampaignConfig, target, tokenizer, train_rows, eval_rows, vocabulary_dir: Path):
+    def __init__(self, config: CampaignConfig, target, tokenizer, train_rows, eval_rows, vocabulary_dir: Path,
+                 seed_folder: str | None = None):  # fmt: skip
         from ..training import cli as train_cli
 
-        self.config, self.target, self.tokenizer = config, target, tokenizer
+        self.config, self.target, self.tokenizer, self.seed_folder = config, target, tokenizer, seed_folder
         self.train_rows, self.eval_rows, self.vocabulary_dir = train_rows, eval_rows, vocabulary_dir
         self.model_args = train_cli.ModelArguments(
             target=config.target, drafter_type=config.drafter_type, drafter_layers=config.drafter_layers,
@@ -378,7 +413,14 @@ class _Trainers:
                 train_cli._draft_vocabulary(self.model_args, drafter, self.train_rows, self.eval_rows, str(self.vocabulary_dir))
 
         set_seed(self.config.seed)
-        drafter = train_cli._build_drafter(self.model_args, self.target, self.train_rows.target_layer_ids, vocabulary)
+        if self.seed_folder is not None:  # a campaign moved to this machine: the exported milestone's weights
+            import torch
+
+            from ..modeling_carryover import CarryoverDrafterModel
+
+            drafter = CarryoverDrafterModel.from_pretrained(self.seed_folder, dtype=torch.float32)
+        else:
+            drafter = train_cli._build_drafter(self.model_args, self.target, self.train_rows.target_layer_ids, vocabulary)
         return CarryoverTrainer(model=drafter, target_model=self.target, args=args, train_dataset=self.train_rows,
                                 eval_dataset=self.eval_rows, processing_class=self.tokenizer, callbacks=callbacks)  # fmt: skip
 
@@ -404,13 +446,15 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
         target, tokenizer = load_target(config.target, dtype=config.target_dtype)
     stores = build_stores(campaign, config, target, progress)
     trunk = campaign.dir / TRUNK
-    trainers = _Trainers(config, target, tokenizer, FeatureStore(stores["train"]), FeatureStore(stores["eval"]), trunk)
+    seed = campaign.seed()
+    trainers = _Trainers(config, target, tokenizer, FeatureStore(stores["train"]), FeatureStore(stores["eval"]), trunk,
+                         seed["from"] if seed else None)  # fmt: skip
     stop = StopRequest()
     previous = signal.signal(signal.SIGTERM, stop)  # stop: checkpoint after the current step
     try:
         while True:
             last = get_last_checkpoint(str(trunk)) if trunk.is_dir() else None
-            clock = CoreHours(_core_seconds_at(last))
+            clock = CoreHours(_core_seconds_at(last) if last or not seed else 3600.0 * seed["core_hours"])
             index = len(campaign.milestones())
             callback = _trunk_callback(clock, milestone_core_hours(config, index), stop, stop_after_steps)
             trainer = trainers(training_arguments(config, trunk), [callback])
@@ -548,11 +592,17 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> 
     (out / "curve.md").write_text("\n".join(lines) + "\n")
     _plot(data, out / "curve.png")
     if weights is not None and data["milestones"]:
-        source = Path(data["milestones"][-1]["folder"])
+        newest = data["milestones"][-1]
+        source = Path(newest["folder"])
         weights.mkdir(parents=True, exist_ok=True)
         for name in ("config.json", "generation_config.json", "model.safetensors"):
             if (source / name).is_file():
                 shutil.copy2(source / name, weights / name)
+        # What `start --from` needs to go on with this campaign on another machine.
+        _write_json(weights / EXPORT_STATE, {
+            "name": data["config"]["name"], "milestones": data["milestones"],
+            "core_hours": round(newest["core_hours"] + newest.get("decay_core_hours", 0.0), 5),
+        })  # fmt: skip
     return data
 
 
@@ -588,12 +638,18 @@ def _plot(data: dict, path: Path) -> None:
 
 
 # -- command line -----------------------------------------------------------------------------------------------------
-def _start(campaign: Campaign, config: CampaignConfig | None, foreground: bool) -> int:
+def _start(campaign: Campaign, config: CampaignConfig | None, foreground: bool, seed_from: str | None = None) -> int:
     pid = campaign.running_pid()
     if pid is not None:
         raise UsageError(f"the campaign in {campaign.dir} is already running (pid {pid}); `carryover-hf campaign "
                          "status` shows it, `stop` ends it.")  # fmt: skip
+    if seed_from is not None:
+        if (campaign.dir / TRUNK).exists():
+            raise UsageError(f"{campaign.dir} already has a trunk; --from only starts a campaign that has not trained yet.")
+        read_export(Path(seed_from), config or (campaign.load_config() if campaign.exists() else CampaignConfig()))
     config = campaign.create_or_check(config)
+    if seed_from is not None and campaign.seed() is None:
+        campaign.seed_from(Path(seed_from), config)
     if foreground:
         (campaign.dir / PID_FILE).write_text(str(os.getpid()))
         run(campaign.dir)
@@ -646,6 +702,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=DEFAULT_DIR, help=f"the campaign folder, outside the work tree (default {DEFAULT_DIR})")
     parser.add_argument("--config", help="start: a JSON file of CampaignConfig settings (default: the built-in ones)")
     parser.add_argument("--foreground", action="store_true", help="start: run in this process instead of the background")
+    parser.add_argument("--from", dest="seed_from",
+                        help="start: a new campaign's trunk starts from this exported milestone (`report --weights`), "
+                        "e.g. on a machine without the campaign folder; its core-hours and milestones carry over")
     parser.add_argument("--out", help="report: folder for curve.json, curve.md, curve.png")
     parser.add_argument("--weights", help="report: also copy the newest milestone's drafter (config + safetensors) here")
     parser.add_argument("--wait", type=float, default=120.0, help="stop: seconds to wait for the checkpoint")
@@ -657,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
             if not Path(args.config).is_file():
                 raise UsageError(f"--config {args.config!r} is not a file.")
             config = CampaignConfig.from_dict(json.loads(Path(args.config).read_text()))
-        return _start(campaign, config, args.foreground)
+        return _start(campaign, config, args.foreground, args.seed_from)
     if args.action == "run":
         run(campaign.dir)
         return 0
