@@ -120,15 +120,15 @@ def test_markov_and_speculators_export_cards(tmp_path):
     assert '"method": "dflash"' in export.text and '"num_speculative_tokens": 3' in export.text
 
 
-def test_card_of_a_draft_vocabulary_drafter_names_it_and_offers_no_speculators_export():
+def test_card_of_a_draft_vocabulary_drafter_names_it_and_its_vllm_export():
     target = tiny_target("llama", vocab_size=64, hidden_size=64, num_hidden_layers=4)
     drafter = tiny_drafter(target, target_name_or_path="org/tiny-target")
     full = render_model_card(drafter.config, repo_id="org/full").text
-    assert "Draft vocabulary" not in full and "--to speculators" in full
+    assert "Draft vocabulary" not in full and "OUT --to vllm`" in full
     drafter.set_draft_vocabulary(list(range(0, 64, 2)))
     reduced = render_model_card(drafter.config, repo_id="org/reduced").text
     assert "| Draft vocabulary | 32 target token ids" in reduced
-    assert "--to speculators" not in reduced and "No vLLM speculators export" in reduced
+    assert "OUT --to vllm --target org/tiny-target`" in reduced and "the 32 draft ids" in reduced
 
 
 def test_usage_snippet_runs_against_tiny_models_offline(tmp_path):

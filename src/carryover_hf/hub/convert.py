@@ -5,8 +5,11 @@ checkpoints from `config.json`, maps every tensor by name, reports tensors it sk
 naming every unknown, missing or misshapen tensor. `E_carry` starts at zero and `use_carryover` is off, so the imported
 drafter proposes exactly what its source proposes.
 
-Export (`convert SRC OUT --to speculators`) writes a drafter's backbone in the speculators DFlash layout, which vLLM
-serves as plain DFlash: the carry segment (`E_carry`) and a Markov head have no place in that format and are dropped.
+Export (`convert SRC OUT --to vllm`, the same as `--to speculators`) writes a drafter's backbone in the speculators
+DFlash layout, which vLLM's `method: "dflash"` loads and serves as plain DFlash: the carry segment (`E_carry`) and a
+Markov head have no place in that format and are dropped. A drafter with a reduced draft vocabulary is written the way
+vLLM drafts over one: its own `lm_head` (the target's LM-head rows at the draft ids, read from `--target`), `d2t`
+(draft id -> offset to the target id) and `t2d` (mask over the target vocabulary).
 """
 
 from __future__ import annotations
@@ -21,13 +24,14 @@ from typing import Any
 import torch
 from huggingface_hub import save_torch_state_dict
 from huggingface_hub.errors import StrictDataclassClassValidationError
-from transformers import AutoConfig, PretrainedConfig
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from ..compatibility import DrafterTargetMismatchError, check_compatibility
 from ..configuration_carryover import CarryoverDrafterConfig, proposal_generation_config
 from ..modeling_carryover import CarryoverDrafterModel
 from .card import render_model_card
-from .checkpoints import CheckpointError, read_config, read_weights, resolve_checkpoint
+from .checkpoints import CheckpointError, read_config, read_weights, resolve_checkpoint, safetensors_files
 from .formats import SOURCE_FORMATS, SourceCheckpoint, detect_format, parse_source
 
 
@@ -300,7 +304,8 @@ def _speculators_config(config: CarryoverDrafterConfig, verifier_architectures: 
             "verifier": {"name_or_path": config.target_name_or_path, "architectures": verifier_architectures},
         },
         "transformer_layer_config": layers,
-        "draft_vocab_size": config.vocab_size,
+        # A reduced draft vocabulary: vLLM's drafter has an LM head of this many rows and maps them with d2t.
+        "draft_vocab_size": config.draft_vocab_size or config.vocab_size,
         "block_size": config.block_size,
         "target_hidden_size": config.target_hidden_size,
         # vLLM captures the residual stream entering decoder layer k, i.e. the output of layer k - 1.
@@ -308,9 +313,73 @@ def _speculators_config(config: CarryoverDrafterConfig, verifier_architectures: 
         "mask_token_id": config.mask_token_id,
         "projector_type": "dflash",
         "sample_from_anchor": False,
-        "sliding_window_non_causal": False,
+        # The block is bidirectional in every layer, as the drafter was trained. vLLM reads this key for all layers,
+        # not only sliding ones (`dflash_config.causal = not sliding_window_non_causal`): false would make every
+        # draft layer causal inside the block.
+        "sliding_window_non_causal": True,
         "dtype": str(config.dtype).removeprefix("torch.") if config.dtype is not None else "float32",
     }
+
+
+def _target_folder(target: str | Path) -> Path:
+    """A target's folder: the offline SmolLM2 alias (converted on first use), a folder, or a Hub id (config and
+    safetensors only)."""
+    from ..targets import TARGET_ALIASES, prepare_smollm2
+
+    if str(target) in TARGET_ALIASES:
+        return prepare_smollm2()
+    return resolve_checkpoint(target)
+
+
+def target_lm_head_rows(
+    target: str | Path | PreTrainedModel, token_ids: torch.Tensor
+) -> tuple[torch.Tensor, PretrainedConfig]:
+    """The target's LM-head rows at `token_ids` (in the target's stored dtype), and the target's config.
+
+    From a folder or Hub id only the head's tensor is read (its own, or the input embedding's when the two are tied),
+    found by name from a model built on the meta device; no other weight is loaded.
+    """
+    ids = torch.as_tensor(token_ids, dtype=torch.long).cpu()
+    if isinstance(target, PreTrainedModel):
+        head = target.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise CheckpointError("The target's LM head has a bias, which vLLM's DFlash drafter head does not have.")
+        return head.weight.detach().cpu().index_select(0, ids), target.config
+    folder = _target_folder(target)
+    try:
+        config = AutoConfig.from_pretrained(str(folder))
+    except Exception as error:
+        raise CheckpointError(f"Cannot read the target config in {folder}: {error}") from error
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
+    except Exception as error:  # an architecture AutoModelForCausalLM does not build: the caller can pass the model
+        raise CheckpointError(
+            f"Cannot find the LM head of the target in {folder} ({error}); pass the loaded target model instead "
+            "(export_speculators(..., target=model))."
+        ) from error
+    names = {id(module): name for name, module in skeleton.named_modules()}
+    head, embedding = skeleton.get_output_embeddings(), skeleton.get_input_embeddings()
+    if head is None:
+        raise CheckpointError(f"The target in {folder} has no output embedding (LM head) to draft through.")
+    if getattr(head, "bias", None) is not None:
+        raise CheckpointError("The target's LM head has a bias, which vLLM's DFlash drafter head does not have.")
+    candidates = [names[id(head)] + ".weight"]
+    if getattr(config.get_text_config(), "tie_word_embeddings", False) and embedding is not None:
+        candidates.append(names[id(embedding)] + ".weight")  # tied: the checkpoint may store the embedding only
+    for file in safetensors_files(folder):
+        with safe_open(str(file), framework="pt") as tensors:
+            for name in candidates:
+                if name in tensors.keys():
+                    weight = tensors.get_slice(name)
+                    shape = tuple(weight.get_shape())
+                    if len(shape) != 2 or shape[0] != config.get_text_config().vocab_size:
+                        raise CheckpointError(f"{name} in {file} has shape {shape}, not (vocabulary, hidden size).")
+                    return tensors.get_tensor(name).index_select(0, ids), config
+    raise CheckpointError(
+        f"None of {candidates} is stored in the target's safetensors ({folder}); cannot read its LM head. Pass the "
+        "loaded target model instead (export_speculators(..., target=model))."
+    )
 
 
 def export_speculators(
@@ -318,10 +387,19 @@ def export_speculators(
     out: str | Path,
     *,
     verifier_architectures: list[str] | None = None,
+    target: str | Path | PreTrainedModel | None = None,
     revision: str | None = None,
     token: str | bool | None = None,
 ) -> ConversionReport:
-    """Write a drafter's backbone in the speculators DFlash layout (served by vLLM as plain DFlash, without carry)."""
+    """Write a drafter's backbone in the speculators DFlash layout, which vLLM (`method: "dflash"`) serves as plain
+    DFlash, without carry.
+
+    Args:
+        target: the target's folder, Hub id, `"smollm2-135m"` or loaded model. Needed for a drafter with a reduced
+            draft vocabulary (its LM-head rows at the draft ids become the export's `lm_head`); when given, the
+            drafter is checked against its config and its architectures are recorded as the verifier's (unless
+            `verifier_architectures` is given).
+    """
     if isinstance(src, CarryoverDrafterModel):
         config, name = src.config, src.name_or_path or "<model>"
         weights = {k: v.detach().cpu() for k, v in src.state_dict().items()}
@@ -342,12 +420,12 @@ def export_speculators(
     rope_type = (config.rope_parameters or {}).get("rope_type")
     if rope_type != "default":
         raise CheckpointError(f"Only the default RoPE exports to speculators; this drafter uses {rope_type!r}.")
-    if config.draft_vocab_size is not None:
+    reduced = config.draft_vocab_size is not None
+    if reduced and target is None:
         raise CheckpointError(
             f"This drafter drafts over a reduced vocabulary ({config.draft_vocab_size} of {config.vocab_size} ids) "
-            "through the target's LM head rows; a reduced-vocabulary speculators checkpoint instead carries its own "
-            "lm_head of draft_vocab_size rows with d2t/t2d maps, which this export does not write. Export a "
-            "full-vocabulary drafter (draft_vocab_size=None)."
+            "through the target's LM head rows; the export gives vLLM's drafter those rows as its own lm_head with "
+            "d2t/t2d maps, so it needs the target: pass --target (target=) with its folder, Hub id or model."
         )
 
     report = ConversionReport(name, "carryover", "speculators", str(out))
@@ -357,9 +435,33 @@ def export_speculators(
             report.skipped[key] = "E_carry: the DFlash format has no carry segment"
         elif key.startswith("markov_head."):
             report.skipped[key] = "Markov head: vLLM's DFlash drafter has no token-transition head"
+        elif key == "draft_token_ids":
+            report.skipped[key] = "the draft vocabulary's target ids: written as d2t (offsets) and t2d (mask)"
         else:
             tensors[key] = weights[key].contiguous()
             report.mapped[key] = key
+    target_config = None
+    if reduced:
+        ids = weights["draft_token_ids"].to(torch.long).cpu()
+        rows, target_config = target_lm_head_rows(target, ids)
+        tensors["lm_head.weight"] = rows.contiguous()
+        tensors["d2t"] = ids - torch.arange(ids.numel())
+        t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+        t2d[ids] = True
+        tensors["t2d"] = t2d
+        report.initialised["lm_head.weight"] = (
+            f"the target's LM-head rows at the {ids.numel()} draft ids ({rows.dtype}; vLLM's drafter head)"
+        )
+        report.initialised["d2t"] = "draft id -> target id offset (target id = draft id + d2t)"
+        report.initialised["t2d"] = f"mask of the draft ids over the target's {config.vocab_size} ids"
+    elif target is not None:
+        target_config = target.config if isinstance(target, PreTrainedModel) else _load_target_config(
+            _target_folder(target)
+        )
+    if target_config is not None:
+        check_compatibility(config, target_config, check_name=False)
+        if verifier_architectures is None:
+            verifier_architectures = list(getattr(target_config, "architectures", None) or [])
     if config.drafter_type == "markov":
         report.notes.append("the Markov head is dropped: vLLM drafts with the DFlash backbone alone")
     report.notes.append("vLLM serves this export as plain DFlash, without carryover")
@@ -377,14 +479,17 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="carryover-hf convert",
         description="Import z-lab / Transformers (MuseGlimmerAssistantModel) / vLLM speculators DFlash checkpoints as "
-        "Carryover drafters, or export a drafter's backbone to the speculators DFlash layout (--to speculators).",
+        "Carryover drafters, or export a drafter's backbone for vLLM's DFlash (--to vllm, the speculators DFlash "
+        "layout; --to speculators is the same).",
     )
     parser.add_argument("src", help="checkpoint folder or Hub repo id (config.json + *.safetensors)")
     parser.add_argument("out", help="new folder for the converted checkpoint")
-    parser.add_argument("--to", choices=("carryover", "speculators"), default="carryover", help="output layout")
+    parser.add_argument("--to", choices=("carryover", "speculators", "vllm"), default="carryover",
+                        help="output layout (vllm, speculators: the same speculators DFlash layout, which vLLM loads)")
     parser.add_argument("--from", dest="source_format", choices=("auto", *SOURCE_FORMATS), default="auto",
                         help="source layout (default: detected from config.json)")
-    parser.add_argument("--target", help="target model folder or Hub id; only its config is read")
+    parser.add_argument("--target", help="target model folder, Hub id or smollm2-135m; import: only its config is "
+                        "read; export: its config, and for a reduced draft vocabulary its LM-head rows at the draft ids")
     parser.add_argument("--target-name", help="target name to record (default: --target, or what the source records)")
     parser.add_argument("--target-num-layers", type=int, help="target decoder layer count, if the source lacks it")
     parser.add_argument("--vocab-size", type=int, help="target vocabulary size, if the source lacks it")
@@ -401,9 +506,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.to == "speculators":
+        if args.to in ("speculators", "vllm"):
             report = export_speculators(
-                args.src, args.out, verifier_architectures=args.verifier_architectures, revision=args.revision
+                args.src, args.out, verifier_architectures=args.verifier_architectures, target=args.target,
+                revision=args.revision,
             )
         else:
             report = import_checkpoint(
@@ -425,4 +531,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["ConversionReport", "drafter_config_from_checkpoint", "export_speculators", "import_checkpoint", "main"]
+__all__ = [
+    "ConversionReport",
+    "drafter_config_from_checkpoint",
+    "export_speculators",
+    "import_checkpoint",
+    "main",
+    "target_lm_head_rows",
+]

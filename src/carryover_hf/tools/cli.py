@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("carryover_hf.tools.bench.cli", "benchmark drafters against the target alone and its peers"),
     "convert": ("carryover_hf.hub.convert", "import z-lab / Transformers / speculators DFlash checkpoints, or export"),
     "push": ("carryover_hf.hub.push", "save a drafter with its model card and upload it to the Hub"),
+    "vllm": ("carryover_hf.tools.vllm_check", "build vLLM's CPU environment, or serve the target and an exported drafter with vLLM and compare"),
     "init": ("carryover_hf.hub.configs", "initialise a drafter from a shipped hub config for its target"),
 }
 

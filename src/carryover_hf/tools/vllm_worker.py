@@ -1,0 +1,118 @@
+"""The vLLM side of `carryover-hf vllm`: run vLLM on token-id prompts and write what it generated.
+
+Runs in the vLLM environment's python, as a script: `python vllm_worker.py REQUEST.json RESULT.json`. It imports
+nothing from carryover_hf (that environment need not hold it), only the standard library and vLLM.
+`vllm_check.run_vllm` writes the request and reads the result.
+
+Request keys: `model` (target folder or Hub id), `prompts` (lists of token ids), `max_new_tokens`, and optionally
+`speculative_config` (e.g. `{"method": "dflash", "model": EXPORT, "num_speculative_tokens": 3}`), `dtype` (float32),
+`ignore_eos` (true), `enforce_eager` (true), `max_model_len` (2048), `batch` (also generate all prompts as one batch).
+
+Greedy (temperature 0). The engine is built once and warmed up with one short request; then each prompt is generated
+alone (batch 1) and timed, prefill included. The result holds per prompt the new token ids and seconds (and, with a
+drafter, the drafts accepted and proposed at each verify step), the engine's start-up time, vLLM's speculative-decoding
+counters over the timed requests, and, with `batch`, the batch's tokens and seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+# Run as a script, this file's folder (carryover_hf/tools) is sys.path[0]: its modules (cli, data, testing, ...) must
+# not shadow top-level ones for vLLM. vLLM's spawned processes inherit this sys.path.
+_HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != _HERE]
+
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+}
+
+
+def _spec_counters(llm) -> dict:
+    counters: dict = {name: 0 for name in SPEC_COUNTERS.values()}
+    counters["accepted_per_position"] = []
+    for metric in llm.get_metrics():
+        if metric.name in SPEC_COUNTERS:
+            counters[SPEC_COUNTERS[metric.name]] += int(metric.value)
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            per_position = counters["accepted_per_position"]
+            per_position.extend([0] * (len(metric.values) - len(per_position)))
+            for position, value in enumerate(metric.values):
+                per_position[position] += int(value)
+    return counters
+
+
+def _difference(after: dict, before: dict) -> dict:
+    diff = {key: after[key] - before[key] for key in SPEC_COUNTERS.values()}
+    earlier = before["accepted_per_position"] + [0] * len(after["accepted_per_position"])
+    diff["accepted_per_position"] = [a - b for a, b in zip(after["accepted_per_position"], earlier)]
+    return diff
+
+
+def run(request: dict) -> dict:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB; without it vLLM takes most of the machine's memory
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kwargs = {
+        "model": request["model"],
+        "dtype": request.get("dtype", "float32"),
+        "enforce_eager": request.get("enforce_eager", True),
+        "max_model_len": request.get("max_model_len", 2048),
+        "seed": 0,
+        "disable_log_stats": False,  # the speculative-decoding counters
+    }
+    if request.get("speculative_config"):
+        kwargs["speculative_config"] = request["speculative_config"]
+        kwargs["per_request_spec_decode_metrics"] = "detailed"  # accepted drafts of every verify step, per request
+    start = time.perf_counter()
+    llm = LLM(**kwargs)
+    startup = time.perf_counter() - start
+
+    prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in request["prompts"]]
+    params = SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"],
+                            ignore_eos=request.get("ignore_eos", True))  # fmt: skip
+    llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)  # warm-up
+    before = _spec_counters(llm)
+    runs = []
+    for prompt in prompts:  # batch 1
+        start = time.perf_counter()
+        output = llm.generate([prompt], params, use_tqdm=False)[0]
+        row = {"tokens": list(output.outputs[0].token_ids), "seconds": time.perf_counter() - start}
+        metrics = getattr(output.outputs[0], "spec_decode_metrics", None)
+        if metrics is not None:
+            row["accepted_per_step"] = list(metrics.per_step_accepted)
+            row["drafted_per_step"] = list(metrics.per_step_drafted)
+        runs.append(row)
+    result = {"startup_seconds": startup, "prompts": runs, "spec_decode": _difference(_spec_counters(llm), before)}
+    if request.get("batch"):
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        result["batch"] = {"tokens": [list(o.outputs[0].token_ids) for o in outputs],
+                           "seconds": time.perf_counter() - start}  # fmt: skip
+    import vllm
+
+    result["vllm_version"] = vllm.__version__
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python vllm_worker.py REQUEST.json RESULT.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as file:
+        request = json.load(file)
+    result = run(request)
+    with open(argv[1], "w") as file:
+        json.dump(result, file)
+    return 0
+
+
+if __name__ == "__main__":  # vLLM's engine spawns processes, which import this file again as __mp_main__
+    sys.exit(main(sys.argv[1:]))
