@@ -203,14 +203,9 @@ def test_cli_on_a_local_target_folder(tmp_path, prompts_dir, tokenizer, capsys):
 
 def _turn_spans(row) -> list[tuple[int, int]]:
     """(start, end) of each generated span (loss mask 1) of a row."""
-    spans, start = [], None
-    for i, m in enumerate(row["loss_mask"] + [0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            spans.append((start, i))
-            start = None
-    return spans
+    from carryover_hf.regenerated import response_spans
+
+    return response_spans(row["loss_mask"])
 
 
 def _check_against_plain_generate(target, tokenizer, rows, max_new_tokens: int, max_length: int) -> int:
@@ -344,3 +339,180 @@ def test_chunks_are_written_in_about_run_order(tmp_path, prompts_dir, model, tok
     regenerate(config, model=model, tokenizer=tokenizer, show_progress=False)
     assert sorted(written) == list(range(8))
     assert all(abs(index - position) <= 1 for position, index in enumerate(written)), written
+
+
+# -- --decoder vllm ---------------------------------------------------------------------------------------------------
+class _FakeVllmSession:
+    """Stands in for `vllm_check.VllmSession` where vLLM is not installed: what vLLM does with each request (stop at
+    the first given stop id, kept; else after max_tokens; its own EOS off), with the target's batch-1 greedy
+    `generate` in place of the engine. Records every call."""
+
+    vllm_version, start_seconds = "0.0-fake", 0.5
+
+    def __init__(self, target):
+        self.target, self.calls, self.closed = target, [], False
+
+    def generate(self, prompts, max_tokens, *, stop_token_ids, temperature=0.0, top_p=1.0, top_k=0, seeds=None):
+        self.calls.append({"prompts": prompts, "max_tokens": max_tokens, "stop_token_ids": stop_token_ids,
+                           "temperature": temperature, "seeds": seeds})  # fmt: skip
+        outputs = []
+        for ids, budget in zip(prompts, max_tokens):
+            context = torch.tensor([ids])
+            with torch.inference_mode():
+                new = self.target.generate(context, attention_mask=torch.ones_like(context), do_sample=False,
+                                           max_new_tokens=budget, eos_token_id=list(stop_token_ids),
+                                           pad_token_id=stop_token_ids[0])[0, len(ids) :].tolist()  # fmt: skip
+            stop = next((i for i, token in enumerate(new) if token in stop_token_ids), None)
+            new = new[: stop + 1] if stop is not None else new[:budget]
+            outputs.append({"tokens": new, "finish_reason": "stop" if stop is not None else "length",
+                            "stop_reason": new[-1] if stop is not None else None})  # fmt: skip
+        return outputs
+
+    def cpu_seconds(self):
+        return 1.0 + len(self.calls)
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture()
+def fake_vllm(monkeypatch, tokenizer):
+    """`--decoder vllm` on the fake session (the test's model stands in for the engine); returns the sessions made."""
+    from carryover_hf.tools import vllm_check
+
+    sessions = []
+
+    def open_session(python, served, config):
+        sessions.append(_FakeVllmSession(open_session.target))
+        return sessions[-1]
+
+    monkeypatch.setattr(vllm_check, "find_vllm_python", lambda explicit=None: Path("/fake/python"))
+    monkeypatch.setattr(regen, "_open_vllm_session", open_session)
+    return open_session, sessions
+
+
+def _without_generation(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "generation"} for row in rows]
+
+
+def test_vllm_decoder_rows_equal_refill_rows(tmp_path, prompts_dir, tokenizer, fake_vllm):
+    """Same rows as the refill decoder (turns that stop early, hit the budget, two-turn conversations), one generate
+    call per chunk (its first turns, with the previous chunk's second turns), the chunk format and sidecar fields."""
+    open_session, sessions = fake_vllm
+    target = _stop_by_position(tiny_target(vocab_size=len(tokenizer)), tokenizer.eos_token_id, period=6)
+    open_session.target = target
+    common = dict(target="tiny-test-target", batch_size=3, max_new_tokens=5, chunk_size=4)
+    reference = _config(tmp_path, prompts_dir, output=str(tmp_path / "refill"), **common)
+    regenerate(reference, model=target, tokenizer=tokenizer, show_progress=False)
+    config = _config(tmp_path, prompts_dir, decoder="vllm", **common)
+    summary = regenerate(config, model=target, tokenizer=tokenizer, show_progress=False)
+    rows, expected = load_regenerated(config.output).to_list(), load_regenerated(reference.output).to_list()
+    assert summary["rows"] == 15 and 0 < summary["unfinished"] < 15
+    assert _without_generation(rows) == _without_generation(expected)
+    generation = json.loads(rows[0]["generation"])
+    assert generation["decoder"] == "vllm" and generation["vllm"] == "0.0-fake"
+    settings = {k: v for k, v in generation.items() if k not in ("decoder", "vllm")}
+    assert settings == json.loads(expected[0]["generation"])
+    # one engine, closed at the end; each call holds a whole chunk's first turns (4, 4, 4, 3) plus earlier second turns
+    (session,) = sessions
+    assert session.closed and len(session.calls) >= 4
+    assert all(call["temperature"] == 0.0 and call["seeds"] is None for call in session.calls)
+    assert all(call["stop_token_ids"] == [tokenizer.eos_token_id] for call in session.calls)
+    ordered = regen.ordered_prompts(config)
+    for start in range(0, len(ordered), config.chunk_size):  # every chunk's first turns go to vLLM in one call
+        firsts = sorted(first_prompt_ids(tokenizer, r["turns"], r["system"]) for r in ordered[start : start + 4])
+        assert any(all(ids in call["prompts"] for ids in firsts) for call in session.calls), start
+    assert sum(map(len, (call["prompts"] for call in session.calls))) == 15 + 5  # 15 first turns, 5 second ones
+    assert all(len(p) + n <= config.max_length for call in session.calls
+               for p, n in zip(call["prompts"], call["max_tokens"]))  # fmt: skip
+    stats = json.loads((Path(config.output) / regen.DATA_DIR / "chunk-00000.json").read_text())
+    assert stats["decoder"] == "vllm" and stats["vllm"] == "0.0-fake" and stats["vllm_startup_seconds"] == 0.5
+    assert stats["vllm_cpu_seconds"] >= 0 and stats["cpu_seconds"] >= stats["vllm_cpu_seconds"]
+    later = json.loads((Path(config.output) / regen.DATA_DIR / "chunk-00001.json").read_text())
+    assert "vllm_startup_seconds" not in later  # the engine's start is recorded once per invocation
+
+
+def test_vllm_decoder_resumes_a_refill_run(tmp_path, prompts_dir, tokenizer, fake_vllm):
+    """The decoder is not part of the run's identity: a refill run continues with vLLM (and back), rows as one run."""
+    open_session, _ = fake_vllm
+    target = _stop_by_position(tiny_target(vocab_size=len(tokenizer)), tokenizer.eos_token_id, period=6)
+    open_session.target = target
+    common = dict(target="tiny-test-target", batch_size=3, max_new_tokens=5)
+    reference = _config(tmp_path, prompts_dir, output=str(tmp_path / "refill"), **common)
+    regenerate(reference, model=target, tokenizer=tokenizer, show_progress=False)
+    for decoder, max_chunks in (("refill", 1), ("vllm", 2), ("refill", None)):
+        config = _config(tmp_path, prompts_dir, decoder=decoder, max_chunks=max_chunks, **common)
+        regenerate(config, model=target, tokenizer=tokenizer, show_progress=False)
+    rows = load_regenerated(config.output).to_list()
+    assert _without_generation(rows) == _without_generation(load_regenerated(reference.output).to_list())
+    decoders = [json.loads(path.read_text())["decoder"]
+                for path in sorted((Path(config.output) / regen.DATA_DIR).glob("chunk-*.json"))]  # fmt: skip
+    assert decoders == [regen.DECODER, "vllm", "vllm", regen.DECODER]
+
+
+def test_vllm_decoder_seeds_each_sampled_turn(tmp_path, prompts_dir, tokenizer, fake_vllm):
+    """Sampling: one seed per assistant turn, from --seed, the prompt id and the turn (not the batch or resume
+    point)."""
+    open_session, sessions = fake_vllm
+    open_session.target = _stop_by_position(tiny_target(vocab_size=len(tokenizer)), tokenizer.eos_token_id)
+    seeds = []
+    for batch_size in (2, 5):  # different batches: the same seeds per turn
+        config = _config(tmp_path, prompts_dir, output=str(tmp_path / f"b{batch_size}"), target="tiny-test-target",
+                         decoder="vllm", do_sample=True, temperature=1.0, top_k=7, seed=3, batch_size=batch_size)
+        regenerate(config, model=open_session.target, tokenizer=tokenizer, show_progress=False)
+        calls = sessions[-1].calls
+        assert all(call["temperature"] == 1.0 for call in calls)
+        seeds.append(sorted(seed for call in calls for seed in call["seeds"]))
+    assert seeds[0] == seeds[1] and len(set(seeds[0])) == len(seeds[0]) == 15 + 5  # mt_bench: two turns each
+    record = regen.ordered_prompts(config)[0]
+    assert regen._job_seed(3, {"record": record, "responses": []}) in seeds[0]
+
+
+def _vllm_python() -> Path | None:
+    """The vLLM environment tests/test_vllm.py builds (.cache/vllm-env), else $CARRYOVER_HF_VLLM_PYTHON."""
+    import os
+
+    from carryover_hf.tools.vllm_check import ENV_RECORD, PYTHON_VARIABLE
+
+    folder = Path(__file__).resolve().parents[1] / ".cache" / "vllm-env"
+    if (folder / ENV_RECORD).is_file():
+        return folder / "bin" / "python"
+    return Path(os.environ[PYTHON_VARIABLE]) if os.environ.get(PYTHON_VARIABLE) else None
+
+
+@pytest.mark.skipif(_vllm_python() is None, reason="no vLLM environment (carryover-hf vllm setup, tests/test_vllm.py)")
+def test_vllm_decoder_on_the_real_target(tmp_path, monkeypatch):
+    """vLLM itself, SmolLM2-135M in float32: greedy rows (9 prompts, 48 tokens) equal the refill decoder's; a sampled
+    request's tokens depend on its seed, not on the batch it runs in. About 45 s here (engine start 20-30 s)."""
+    pytest.importorskip("gguf")
+    from carryover_hf.targets import load_target, prepare_smollm2
+    from carryover_hf.tools.vllm_check import VllmSession
+
+    served = prepare_smollm2()
+    target, tokenizer = load_target("smollm2-135m", dtype="float32")
+    session = VllmSession(_vllm_python(), served, max_model_len=2048, max_num_seqs=8, chunked_prefill=False)
+    try:
+        closes = []
+        monkeypatch.setattr(session, "close", lambda: closes.append(True))  # kept open for the sampling check
+        monkeypatch.setattr(regen, "_open_vllm_session", lambda python, served, config: session)
+        common = dict(limit_per_category=1, chunk_size=5, max_new_tokens=48, max_length=2048, batch_size=8,
+                      vllm_python=str(_vllm_python()))  # fmt: skip
+        config = RegenerationConfig(output=str(tmp_path / "vllm"), decoder="vllm", **common)
+        regenerate(config, show_progress=False)  # loads the tokenizer only; vLLM reads the weights
+        reference = RegenerationConfig(output=str(tmp_path / "refill"), **common)
+        regenerate(reference, model=target, tokenizer=tokenizer, show_progress=False)
+        rows, expected = load_regenerated(config.output).to_list(), load_regenerated(reference.output).to_list()
+        assert closes == [True] and len(rows) == 9
+        assert _without_generation(rows) == _without_generation(expected)
+        assert any(row["finished"] for row in rows) and any(not row["finished"] for row in rows)
+        stats = json.loads((Path(config.output) / regen.DATA_DIR / "chunk-00000.json").read_text())
+        assert stats["decoder"] == "vllm" and stats["vllm"] == session.vllm_version and stats["vllm_cpu_seconds"] > 0
+
+        prompts = [row["input_ids"][: row["loss_mask"].index(1)] for row in rows[:4]]
+        sampled = dict(stop_token_ids=[tokenizer.eos_token_id], temperature=1.0)
+        alone = session.generate(prompts[:1], [24], seeds=[11], **sampled)
+        together = session.generate(prompts[::-1], [24] * 4, seeds=[5, 6, 7, 11], **sampled)
+        other_seed = session.generate(prompts[:1], [24], seeds=[12], **sampled)
+        assert alone[0]["tokens"] == together[3]["tokens"] != other_seed[0]["tokens"]
+    finally:
+        VllmSession.close(session)  # the class's close: the instance's is stubbed above

@@ -93,4 +93,16 @@ def load_regenerated(output):
     return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
 
 
-__all__ = ["DATA_DIR", "STATE_FILE", "chunk_path", "load_regenerated", "row_features", "run_folders"]
+def response_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of each generated span of a row: the runs of 1 in its loss mask (one per answered turn)."""
+    spans, start = [], None
+    for i, m in enumerate(list(loss_mask) + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+__all__ = ["DATA_DIR", "STATE_FILE", "chunk_path", "load_regenerated", "response_spans", "row_features", "run_folders"]

@@ -157,10 +157,7 @@ def run_vllm(
     request = {"model": str(model), "prompts": [list(map(int, p)) for p in prompts], "max_new_tokens": max_new_tokens,
                "speculative_config": speculative_config, "dtype": dtype, "ignore_eos": ignore_eos, "batch": batch,
                "enforce_eager": True, "max_model_len": max_model_len}  # fmt: skip
-    environment = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
-    for key, value in (("VLLM_CPU_KVCACHE_SPACE", "4"), ("OMP_NUM_THREADS", "1"), ("VLLM_NO_USAGE_STATS", "1"),
-                       ("DO_NOT_TRACK", "1")):  # fmt: skip
-        environment.setdefault(key, value)
+    environment = _worker_environment()
     with tempfile.TemporaryDirectory(prefix="carryover-vllm-") as scratch:
         request_path, result_path = Path(scratch) / "request.json", Path(scratch) / "result.json"
         request_path.write_text(json.dumps(request))
@@ -177,6 +174,174 @@ def run_vllm(
             drafter = f" with {json.dumps(speculative_config)}" if speculative_config else ""
             raise VllmError(f"vLLM failed (exit {done.returncode}) running {model}{drafter}:\n{output}")
         return json.loads(result_path.read_text())
+
+
+def _worker_environment(threads: int | None = None) -> dict[str, str]:
+    """The worker's environment: this one without the project's virtualenv, with a 4 GiB KV cache, one OpenMP thread
+    (`threads` if given), no usage statistics (each unless set)."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    if threads:
+        environment["OMP_NUM_THREADS"] = str(threads)
+    for key, value in (("VLLM_CPU_KVCACHE_SPACE", "4"), ("OMP_NUM_THREADS", "1"), ("VLLM_NO_USAGE_STATS", "1"),
+                       ("DO_NOT_TRACK", "1")):  # fmt: skip
+        environment.setdefault(key, value)
+    return environment
+
+
+def process_tree_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` and all its descendants, read from /proc: each live process's own
+    time plus that of its children that have ended and were waited for (so an ended engine process still counts once).
+    None where /proc is not there."""
+    try:
+        entries = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return None
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for name in entries:
+        try:
+            with open(f"/proc/{name}/stat") as file:
+                text = file.read()
+        except OSError:  # ended meanwhile
+            continue
+        fields = text[text.rindex(")") + 2 :].split()  # from field 3 (state) on; the name may hold spaces
+        children.setdefault(int(fields[1]), []).append(int(name))
+        ticks[int(name)] = sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+    if pid not in ticks:
+        return None
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        total += ticks.get(current, 0)
+        stack += children.get(current, [])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class VllmSession:
+    """One vLLM engine in the vLLM environment, kept for many `generate` calls: `vllm_worker.py --serve` in a
+    subprocess, token ids in and out (JSON lines on its stdin and stdout; its log goes to `log_path`, else a temporary
+    file whose end is quoted when something fails).
+
+    ```python
+    with VllmSession(find_vllm_python(), prepare_smollm2(), max_model_len=2048) as session:
+        outputs = session.generate([ids_a, ids_b], [512, 512], stop_token_ids=[2])  # greedy
+        outputs[0]["tokens"]  # the new ids, the stop id included when it came
+    ```
+
+    `max_num_seqs` caps how many requests vLLM decodes together (its default on CPU: 256). Seeded sampling needs
+    `chunked_prefill=False` on CPU (vLLM 0.32 fails with 'CPU Generator does not use offset' when a seeded request's
+    prompt is prefilled in parts); each prompt is then prefilled in one step. The engine runs eagerly with
+    a 4 GiB KV cache (`VLLM_CPU_KVCACHE_SPACE`) and one OpenMP thread (`threads`), as `run_vllm`. `cpu_seconds()` is
+    the CPU time of the worker and every process it started so far.
+    """
+
+    def __init__(self, python: str | os.PathLike, model: str | os.PathLike, *, dtype: str = "float32",
+                 max_model_len: int = 2048, max_num_seqs: int | None = None, threads: int | None = None,
+                 chunked_prefill: bool = True, log_path: str | os.PathLike | None = None,
+                 startup_timeout: float = 900):  # fmt: skip
+        import selectors
+
+        python = os.path.abspath(python)
+        model = os.path.abspath(model) if Path(model).exists() else str(model)
+        self._scratch = tempfile.TemporaryDirectory(prefix="carryover-vllm-")
+        self.log_path = Path(log_path) if log_path is not None else Path(self._scratch.name) / "vllm.log"
+        self._log = open(self.log_path, "w")
+        started = time.perf_counter()
+        self.process = subprocess.Popen([python, str(WORKER), "--serve"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                        env=_worker_environment(threads), cwd=self._scratch.name)  # fmt: skip
+        self.model = model
+        setup = {"model": model, "dtype": {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype),
+                 "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "enforce_eager": True,
+                 "enable_chunked_prefill": chunked_prefill}  # fmt: skip
+        try:
+            self._send(setup)
+            with selectors.DefaultSelector() as selector:  # the engine may hang while starting: wait a bounded time
+                selector.register(self.process.stdout, selectors.EVENT_READ)
+                if not selector.select(timeout=startup_timeout):
+                    raise VllmError(f"vLLM's engine did not start within {startup_timeout:.0f} s; its log:\n"
+                                    f"{self._log_tail()}")  # fmt: skip
+            ready = self._receive()
+        except BaseException:
+            self.close()
+            raise
+        self.vllm_version = ready["vllm_version"]
+        self.startup_seconds = ready["startup_seconds"]  # the engine, in the worker
+        self.start_seconds = time.perf_counter() - started  # the whole start, interpreter and imports included
+
+    def _log_tail(self, size: int = 4000) -> str:
+        self._log.flush()
+        try:
+            return self.log_path.read_text(errors="replace")[-size:]
+        except OSError:
+            return ""
+
+    def _send(self, message: dict) -> None:
+        try:
+            self.process.stdin.write(json.dumps(message) + "\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError) as error:
+            code = self.process.poll()
+            raise VllmError(f"vLLM's worker ended (exit {code}); its log:\n{self._log_tail()}") from error
+
+    def _receive(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            code = self.process.wait()
+            raise VllmError(f"vLLM's worker ended (exit {code}); its log:\n{self._log_tail()}")
+        reply = json.loads(line)
+        if "error" in reply:  # the engine's own traceback, if any, is in its log
+            raise VllmError(f"vLLM failed running {self.model}:\n{reply['error'][-3000:]}\nthe end of its log:\n"
+                            f"{self._log_tail(3000)}")  # fmt: skip
+        return reply
+
+    def generate(self, prompts: list[list[int]], max_tokens: list[int], *, stop_token_ids, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, seeds: list[int] | None = None) -> list[dict]:  # fmt: skip
+        """One `LLM.generate` call on all `prompts` (lists of token ids), each with its own `max_tokens` (and seed, for
+        sampling). vLLM stops a request at the first of `stop_token_ids` (kept in its tokens) or after its
+        `max_tokens`; its own EOS is not used. Returns per prompt `{"tokens", "finish_reason", "stop_reason"}`."""
+        if not prompts:
+            return []
+        self._send({"prompts": [list(map(int, ids)) for ids in prompts], "max_tokens": list(map(int, max_tokens)),
+                    "stop_token_ids": sorted(map(int, stop_token_ids)), "temperature": float(temperature),
+                    "top_p": float(top_p), "top_k": int(top_k),
+                    "seeds": list(map(int, seeds)) if seeds is not None else None})  # fmt: skip
+        reply = self._receive()
+        self.last_seconds = reply["seconds"]
+        return reply["outputs"]
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds (user + system) of the worker and the processes it started, engine included, so far."""
+        if self.process.poll() is not None:
+            return self._final_cpu
+        return process_tree_cpu_seconds(self.process.pid)
+
+    _final_cpu: float | None = None
+
+    def close(self, timeout: float = 120) -> None:
+        """Stops the engine (it waits for its processes) and the worker."""
+        if self.process.poll() is None:
+            self._final_cpu = process_tree_cpu_seconds(self.process.pid)
+            try:
+                self._send({"close": True})
+                self.process.stdin.close()
+                self.process.wait(timeout=timeout)
+            except (VllmError, subprocess.TimeoutExpired, OSError):
+                self.process.kill()
+                self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            try:
+                stream.close()
+            except (OSError, ValueError):
+                pass
+        self._log.close()
+        self._scratch.cleanup()
+
+    def __enter__(self) -> "VllmSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def transformers_greedy(
@@ -453,11 +618,13 @@ def main(argv: list[str] | None = None) -> int:
 __all__ = [
     "PLAIN_DFLASH",
     "VllmError",
+    "VllmSession",
     "all_identical",
     "build_vllm_env",
     "check",
     "find_vllm_python",
     "format_results",
+    "process_tree_cpu_seconds",
     "run_vllm",
     "transformers_greedy",
 ]

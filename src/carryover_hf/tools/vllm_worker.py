@@ -12,6 +12,15 @@ Greedy (temperature 0). The engine is built once and warmed up with one short re
 alone (batch 1) and timed, prefill included. The result holds per prompt the new token ids and seconds (and, with a
 drafter, the drafts accepted and proposed at each verify step), the engine's start-up time, vLLM's speculative-decoding
 counters over the timed requests, and, with `batch`, the batch's tokens and seconds.
+
+`python vllm_worker.py --serve` keeps one engine for many requests (`vllm_check.VllmSession`, used by `carryover-hf
+regenerate --decoder vllm`): JSON lines on stdin, one reply line per request on stdout (vLLM's own output, and that of
+the processes it spawns, goes to stderr). The first line sets up the engine (`model`, `dtype`, `max_model_len`,
+`max_num_seqs`, `enforce_eager`, `enable_chunked_prefill`) and is answered with `{"ready": true, "vllm_version": ...,
+"startup_seconds": ...}`; each later line `{"prompts": [[ids]], "max_tokens": [n], "stop_token_ids": [ids],
+"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seeds": [s] or null}` is generated as one `LLM.generate` call (vLLM
+batches its requests itself) and answered with `{"outputs": [{"tokens", "finish_reason", "stop_reason"}], "seconds"}`;
+`{"close": true}` or the end of stdin stops the engine. An error is answered with `{"error": traceback}`.
 """
 
 from __future__ import annotations
@@ -102,9 +111,81 @@ def run(request: dict) -> dict:
     return result
 
 
+def serve(requests, reply) -> int:
+    """The `--serve` loop: one engine, one `generate` call per request line (see the module's docstring)."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    import traceback
+
+    def answer(message: dict) -> None:
+        reply.write(json.dumps(message) + "\n")
+        reply.flush()
+
+    try:
+        setup = json.loads(requests.readline() or "{}")
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+        import vllm
+
+        kwargs = {"model": setup["model"], "dtype": setup.get("dtype", "float32"),
+                  "enforce_eager": setup.get("enforce_eager", True), "max_model_len": setup.get("max_model_len", 2048),
+                  "seed": setup.get("seed", 0),
+                  # token ids in and out: vLLM needs no tokenizer, and stops only at the stop ids it is given
+                  "skip_tokenizer_init": True}  # fmt: skip
+        if setup.get("max_num_seqs"):
+            kwargs["max_num_seqs"] = setup["max_num_seqs"]
+        if setup.get("enable_chunked_prefill") is False:
+            # prompts prefilled whole (needed for seeded sampling on CPU: vLLM 0.32 rewinds a request's generator
+            # after a partial prefill, which a CPU generator cannot do: 'CPU Generator does not use offset')
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(4096, kwargs["max_model_len"])
+        start = time.perf_counter()
+        llm = LLM(**kwargs)
+        answer({"ready": True, "vllm_version": vllm.__version__, "startup_seconds": time.perf_counter() - start})
+    except Exception:  # noqa: BLE001 - reported to the parent, which raises it there
+        answer({"error": traceback.format_exc()})
+        return 1
+    for line in requests:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        if request.get("close"):
+            break
+        try:
+            seeds = request.get("seeds") or [None] * len(request["prompts"])
+            params = [
+                # ignore_eos: vLLM's own EOS is not used; it stops exactly at the stop ids the caller gives (the
+                # token is kept in the output), or after max_tokens
+                SamplingParams(temperature=request.get("temperature", 0.0), top_p=request.get("top_p", 1.0),
+                               top_k=request.get("top_k", 0), seed=seed, max_tokens=max_tokens,
+                               stop_token_ids=list(request["stop_token_ids"]), ignore_eos=True, detokenize=False)
+                for max_tokens, seed in zip(request["max_tokens"], seeds)
+            ]  # fmt: skip
+            prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in request["prompts"]]
+            start = time.perf_counter()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            seconds = time.perf_counter() - start
+            answer({"outputs": [{"tokens": list(o.outputs[0].token_ids), "finish_reason": o.outputs[0].finish_reason,
+                                 "stop_reason": o.outputs[0].stop_reason} for o in outputs],
+                    "seconds": seconds})  # fmt: skip
+        except Exception:  # noqa: BLE001
+            answer({"error": traceback.format_exc()})
+    try:  # stops (and waits for) the engine's process, whose CPU time then counts in this one's children
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:  # noqa: BLE001 - an older or newer vLLM: its exit handlers stop the engine
+        pass
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--serve"]:
+        # Replies go to the real stdout; everything else written to stdout (vLLM's logs, prints of the processes it
+        # spawns, which inherit file descriptor 1) goes to stderr.
+        reply = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+        return serve(sys.stdin, reply)
     if len(argv) != 2:
-        print("usage: python vllm_worker.py REQUEST.json RESULT.json", file=sys.stderr)
+        print("usage: python vllm_worker.py REQUEST.json RESULT.json | --serve", file=sys.stderr)
         return 2
     with open(argv[0]) as file:
         request = json.load(file)

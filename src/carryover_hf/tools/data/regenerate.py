@@ -64,8 +64,12 @@ class RegenerationConfig:
     max_chunks: int | None = field(default=None, metadata={"help": "stop after this many new chunks (for slicing runs)"})
     decoder: str = field(default="refill", metadata={
         "help": "refill: own decode loop (in-place KV cache, finished rows leave, freed slots refilled; fastest "
-                "on CPU); generate / generate-static: static batches through model.generate (dynamic / static "
-                "cache)"})  # fmt: skip
+                "in Transformers on CPU); generate / generate-static: static batches through model.generate "
+                "(dynamic / static cache); vllm: vLLM in its own environment (carryover-hf vllm setup), each chunk's "
+                "prompts in one generate call, --batch_size as its max_num_seqs"})  # fmt: skip
+    vllm_python: str | None = field(default=None, metadata={
+        "help": "with --decoder vllm: python of the vLLM environment (default: $CARRYOVER_HF_VLLM_PYTHON, else the "
+                "one `carryover-hf vllm setup` built)"})  # fmt: skip
 
     def identity(self) -> dict:
         return {key: getattr(self, key) for key in IDENTITY_FIELDS}
@@ -158,7 +162,12 @@ def _write_chunk(output: Path, index: int, rows: list[dict], stats: dict) -> Non
 
 
 def _stop_ids(model, tokenizer) -> set[int]:
-    ids = model.generation_config.eos_token_id
+    return _stop_ids_of(model.generation_config, tokenizer)
+
+
+def _stop_ids_of(generation_config, tokenizer) -> set[int]:
+    """The ids that end a response: the generation config's EOS ids and the tokenizer's EOS."""
+    ids = generation_config.eos_token_id
     ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
@@ -492,7 +501,50 @@ class _GenerateDecoder:
                 on_done(key, ids, finished)
 
 
-DECODERS = ("refill", "generate", "generate-static")
+class _VllmDecoder:
+    """`--decoder vllm`: vLLM's engine in its own environment (`vllm_check.VllmSession`), token ids in and out.
+
+    Each call hands vLLM every waiting context at once: a chunk's first turns, with the second turns of the chunk
+    before it (vLLM batches them itself, at most `--batch_size` at a time). Every request has its own budget
+    (`--max_new_tokens`, cut to what `--max_length` leaves) and stops at the first of the target's stop ids, kept as
+    the last token, as in `_Decoder`; vLLM's own EOS handling is off. Greedy is temperature 0; sampling uses vLLM's
+    per-request generator, seeded from `--seed`, the prompt id and the turn, so a sampled row does not depend on the
+    batch it ran in nor on where a run was resumed (as far as vLLM's batched float kernels give the same logits).
+    """
+
+    def __init__(self, session, tokenizer, stop_ids: set[int], config: RegenerationConfig):
+        self.session, self.tokenizer, self.stop_ids, self.config = session, tokenizer, stop_ids, config
+
+    def run(self, next_jobs, on_done, on_tokens=lambda count: None, seed: int = 0, job_seed=None) -> None:
+        config = self.config
+        sampling = ({"temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k}
+                    if config.do_sample else {"temperature": 0.0})  # fmt: skip
+        while jobs := next_jobs(config.chunk_size, take_all=True):
+            seeds = [job_seed(key) for key, _, _ in jobs] if config.do_sample and job_seed is not None else None
+            outputs = self.session.generate([ids for _, ids, _ in jobs], [budget for _, _, budget in jobs],
+                                            stop_token_ids=sorted(self.stop_ids), seeds=seeds, **sampling)  # fmt: skip
+            for (key, _, budget), output in zip(jobs, outputs, strict=True):
+                generated = output["tokens"]
+                end = next((i for i, token in enumerate(generated) if token in self.stop_ids), None)
+                if end is not None and end < budget:
+                    ids, finished = generated[: end + 1], True
+                else:  # ran to its budget without a stop id: cut, and reported so
+                    ids, finished = generated[:budget], False
+                reason = output["finish_reason"]
+                if reason not in ("stop", "length") or (reason == "stop") != finished:
+                    raise RegenerationError(f"vLLM ended a response with {output['finish_reason']!r} (stop reason "
+                                            f"{output['stop_reason']!r}) after {len(generated)} of {budget} tokens")
+                on_tokens(len(ids))
+                on_done(key, ids, finished)
+
+    def worker_cpu_seconds(self) -> float:
+        return self.session.cpu_seconds() or 0.0
+
+    def close(self) -> None:
+        self.session.close()
+
+
+DECODERS = ("refill", "generate", "generate-static", "vllm")
 
 
 def _make_decoder(model, tokenizer, config: RegenerationConfig):
@@ -544,9 +596,13 @@ def _generate_chunks(decoder: _Decoder | _GenerateDecoder, chunks: list[tuple[in
             close(index)
         return True
 
-    def next_jobs(count: int):
+    def next_jobs(count: int, take_all: bool = False):
+        """Up to `count` waiting jobs (the next chunks' first turns join when fewer wait); with `take_all`, every
+        waiting job once at least `count` wait or no chunk is left."""
         while len(waiting) < count and admit():
             pass
+        if take_all:
+            count = len(waiting)
         taken, waiting[:count] = waiting[:count], []
         return [(state, state["ids"], min(config.max_new_tokens, config.max_length - len(state["ids"])))
                 for *_, state in taken]  # fmt: skip
@@ -573,9 +629,56 @@ def _generate_chunks(decoder: _Decoder | _GenerateDecoder, chunks: list[tuple[in
             close(state["chunk"])
 
     seed = int(hashlib.sha256(f"{config.seed}-{chunks[0][0] if chunks else 0}".encode()).hexdigest()[:8], 16)
-    decoder.run(next_jobs, on_done, on_tokens=lambda count: progress(0, count), seed=seed)
+    extra = {"job_seed": lambda state: _job_seed(config.seed, state)} if isinstance(decoder, _VllmDecoder) else {}
+    decoder.run(next_jobs, on_done, on_tokens=lambda count: progress(0, count), seed=seed, **extra)
     while admit():  # chunks whose prompts were all skipped
         pass
+
+
+def _job_seed(seed: int, state: dict) -> int:
+    """The sampling seed of one assistant turn (`--decoder vllm`): from the run's seed, the prompt id and the turn."""
+    key = f"{seed}-{state['record']['id']}-{len(state['responses'])}"
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+
+
+def _open_vllm_session(python, served: str, config: RegenerationConfig):
+    from ..vllm_check import VllmSession
+
+    # Whole-prompt prefills: seeded sampling on CPU needs them (see VllmSession); greedy runs use the same engine
+    # settings, so that both kinds of run are made alike.
+    return VllmSession(python, served, dtype=config.dtype, max_model_len=config.max_length,
+                       max_num_seqs=config.batch_size, threads=config.num_threads, chunked_prefill=False)  # fmt: skip
+
+
+def _vllm_decoder(config: RegenerationConfig, model, tokenizer):
+    """The tokenizer, the name recorded as the rows' target, and a `_VllmDecoder` whose engine has started. The
+    target's weights are read by vLLM only (with `model` given, its generation config and name are used)."""
+    from transformers import GenerationConfig
+
+    from ...targets import TARGET_ALIASES, load_target_config, load_target_tokenizer, prepare_smollm2
+    from ..vllm_check import find_vllm_python
+
+    python = find_vllm_python(config.vllm_python)  # fails before anything is loaded when there is no environment
+    served = str(prepare_smollm2()) if config.target in TARGET_ALIASES else config.target  # what vLLM loads
+    if tokenizer is None:
+        tokenizer = load_target_tokenizer(config.target)
+    if model is not None:
+        generation_config = model.generation_config
+        target_name = getattr(model.config, "_name_or_path", None) or config.target
+    else:
+        target_config = load_target_config(config.target)
+        target_name = getattr(target_config, "_name_or_path", None) or config.target
+        try:  # what from_pretrained gives the model: the folder's generation_config.json, else the model config's
+            generation_config = GenerationConfig.from_pretrained(served)
+        except OSError:
+            generation_config = GenerationConfig.from_model_config(target_config)
+    stop_ids = _stop_ids_of(generation_config, tokenizer)
+    if not stop_ids:
+        raise RegenerationError("the target defines no EOS token; cannot tell where a response ends")
+    if not tokenizer.chat_template:  # before the engine starts
+        raise RegenerationError(f"the tokenizer of {config.target!r} has no chat template; regenerate needs one")
+    session = _open_vllm_session(python, served, config)
+    return tokenizer, target_name, _VllmDecoder(session, tokenizer, stop_ids, config)
 
 
 def regenerate(config: RegenerationConfig, model=None, tokenizer=None, show_progress: bool = True) -> dict:
@@ -592,7 +695,9 @@ def regenerate(config: RegenerationConfig, model=None, tokenizer=None, show_prog
     if config.max_chunks is not None:
         todo = todo[: config.max_chunks]
 
-    if todo:
+    if todo and config.decoder == "vllm":
+        tokenizer, target_name, decoder = _vllm_decoder(config, model, tokenizer)
+    elif todo:
         import torch
 
         if config.num_threads:
@@ -605,6 +710,7 @@ def regenerate(config: RegenerationConfig, model=None, tokenizer=None, show_prog
             raise RegenerationError(f"the tokenizer of {config.target!r} has no chat template; regenerate needs one")
         decoder = _make_decoder(model, tokenizer, config)
         target_name = getattr(model.config, "_name_or_path", None) or config.target
+    if todo:
         import transformers
 
         settings = {
@@ -619,6 +725,9 @@ def regenerate(config: RegenerationConfig, model=None, tokenizer=None, show_prog
             "seed": config.seed,
             "transformers": transformers.__version__,
         }
+        vllm_version = decoder.session.vllm_version if isinstance(decoder, _VllmDecoder) else None
+        if vllm_version:  # rows made by vLLM say so (the settings above are the same for every decoder)
+            settings |= {"decoder": "vllm", "vllm": vllm_version}
         generation = json.dumps(settings)
         done_prompts = sum(len(chunks[i]) for i in range(len(chunks)) if chunk_path(output, i).is_file())
         bar = tqdm(total=done_prompts + sum(len(chunks[i]) for i in todo), initial=done_prompts, unit="prompt",
@@ -631,10 +740,15 @@ def regenerate(config: RegenerationConfig, model=None, tokenizer=None, show_prog
             bar.update(prompts_done)
             bar.set_postfix(tok_s=f"{tokens_done / max(time.time() - started, 1e-6):.1f}", refresh=False)
 
-        last_write, last_cpu = time.time(), time.process_time()
+        def worker_cpu() -> float:  # vLLM's processes (the worker and its engine); none for the other decoders
+            return decoder.worker_cpu_seconds() if isinstance(decoder, _VllmDecoder) else 0.0
+
+        last_write, last_cpu, last_worker_cpu = time.time(), time.process_time(), worker_cpu()
+        startup = ({"vllm_startup_seconds": round(decoder.session.start_seconds, 2),
+                    "vllm_startup_cpu_seconds": round(last_worker_cpu, 2)} if vllm_version else {})  # fmt: skip
 
         def finish_chunk(index: int, states: list[dict], skipped: list[str]) -> None:
-            nonlocal last_write, last_cpu
+            nonlocal last_write, last_cpu, last_worker_cpu, startup
             rows, unfinished, dropped = [], [], []
             for state in states:
                 record = state["record"]
@@ -656,7 +770,7 @@ def regenerate(config: RegenerationConfig, model=None, tokenizer=None, show_prog
             rows.sort(key=lambda row: order[row["id"]])
             unfinished.sort(key=order.get)
             dropped.sort(key=order.get)
-            now = time.time()
+            now, cpu, worker = time.time(), time.process_time(), worker_cpu()
             stats = {
                 "chunk": index,
                 "prompt_ids": [record["id"] for record in chunks[index]],
@@ -668,15 +782,24 @@ def regenerate(config: RegenerationConfig, model=None, tokenizer=None, show_prog
                 # Chunks overlap (the next one starts while this one's last rows finish): the time since the
                 # previous chunk was written, so that the chunks' seconds add up to the wall time.
                 "seconds": round(now - last_write, 2),
-                "cpu_seconds": round(time.process_time() - last_cpu, 2),  # all threads of this process
+                # all threads of this process, and with --decoder vllm those of vLLM's processes
+                "cpu_seconds": round(cpu - last_cpu + worker - last_worker_cpu, 2),
                 "batch_size": config.batch_size,
                 "num_threads": config.num_threads,
                 "decoder": DECODER if config.decoder == "refill" else config.decoder,
             }
-            last_write, last_cpu = now, time.process_time()
+            if vllm_version:
+                # vLLM's part of cpu_seconds; the engine's start (first chunk of an invocation) is not in any chunk
+                stats |= {"vllm": vllm_version, "vllm_cpu_seconds": round(worker - last_worker_cpu, 2), **startup}
+                startup = {}
+            last_write, last_cpu, last_worker_cpu = now, cpu, worker
             _write_chunk(output, index, rows, stats)
 
-        _generate_chunks(decoder, [(index, chunks[index]) for index in todo], config, progress, finish_chunk)
+        try:
+            _generate_chunks(decoder, [(index, chunks[index]) for index in todo], config, progress, finish_chunk)
+        finally:
+            if isinstance(decoder, _VllmDecoder):
+                decoder.close()
         bar.close()
     return summarize(output, write=True)
 
