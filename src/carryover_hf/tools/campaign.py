@@ -492,10 +492,9 @@ def record_milestone(campaign: Campaign, config: CampaignConfig, trainers: "_Tra
     branch = folder / "decay"
     extra = decay_steps(config, step)
     started = time.process_time()
-    args = training_arguments(config, branch, max_steps=step + extra, lr_scheduler_type="warmup_stable_decay",
-                              lr_scheduler_kwargs={"num_decay_steps": extra}, eval_strategy="no", save_strategy="no")  # fmt: skip
-    if extra == 0:
-        args = training_arguments(config, branch, max_steps=step, eval_strategy="no", save_strategy="no")
+    # With no decay the branch only loads the trunk's checkpoint (max_steps = step: nothing to train).
+    schedule = {"lr_scheduler_type": "warmup_stable_decay", "lr_scheduler_kwargs": {"num_decay_steps": extra}} if extra else {}
+    args = training_arguments(config, branch, max_steps=step + extra, eval_strategy="no", save_strategy="no", **schedule)
     trainer = trainers(args, [])
     trainer.train(resume_from_checkpoint=str(checkpoint))
     evaluation = trainer.evaluate()
