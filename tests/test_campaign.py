@@ -116,6 +116,12 @@ def test_milestones_at_doublings_are_decayed_benchmarked_and_reported(target, da
     first = load_file(str(campaign.dir / "milestones" / "m00" / "model.safetensors"))
     assert any(not torch.equal(first[name], weights(plain, 8)[name]) for name in first)
 
+    # A milestone retaken after a stop finds the bench the stop cut short in its folder, and measures again from
+    # scratch (the campaign crashed here once: the bench's journal refused to open a folder holding a run).
+    assert (campaign.dir / "milestones" / "m00" / "bench" / "runs.jsonl").is_file()
+    again = campaign_module.benchmark_milestone(config, campaign.dir / "milestones" / "m00", target, None, False)
+    assert again["T=0"]["prompts"] == 2
+
     out, kept = tmp_path / "report", tmp_path / "weights"
     data = write_report(campaign, out, kept)
     assert {p.name for p in out.iterdir()} == {"curve.json", "curve.md", "curve.png"}

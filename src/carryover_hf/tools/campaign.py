@@ -535,8 +535,11 @@ def benchmark_milestone(config: CampaignConfig, folder: Path, target, tokenizer,
     settings = BenchmarkSettings(temperatures=list(config.milestone_temperatures), methods=["carry_off"],
                                  max_new_tokens=config.milestone_max_new_tokens, overhead=False, warmup=1,
                                  bootstrap_resamples=2000)  # fmt: skip
+    # A milestone retaken after a stop measures again from scratch (overwrite): a bench cut short by the stop ran on
+    # another session's machine load, and its timings are not mixed with this one's.
     report = run_benchmark(bench_target, {"drafter": drafter}, prompts, tokenizer, settings, output_dir=str(folder / "bench"),
-                           progress=progress, native_dflash=None, run_info={"cpu_kernels": kernels})  # fmt: skip
+                           progress=progress, native_dflash=None, run_info={"cpu_kernels": kernels},
+                           overwrite=True)  # fmt: skip
     return _milestone_summary(report)
 
 
