@@ -114,10 +114,15 @@ def test_markov_and_speculators_export_cards(tmp_path):
     markov.config.trained_with_carryover = True
     text = render_model_card(markov.config, repo_id="org/tiny-carryover-markov").text
     assert "Markov" in text and "draft-verify-draft" in text
-    export = render_model_card(markov.config, repo_id="org/tiny-speculators", export_format="speculators")
+    plain = {"use_carryover": False}  # as export_speculators(carry=False) renders it
+    export = render_model_card(markov.config, repo_id="org/tiny-speculators", export_format="speculators",
+                               generation_config=plain)  # fmt: skip
     assert "speculators" in export.data.tags
     assert "without carryover" in export.text and "without the Markov head" in export.text
     assert '"method": "dflash"' in export.text and '"num_speculative_tokens": 3' in export.text
+    carry = render_model_card(markov.config, repo_id="org/tiny-speculators", export_format="speculators",
+                              generation_config={"use_carryover": True}).text  # fmt: skip
+    assert "**with carryover**" in carry and "pip install carryover-hf" in carry and "without the Markov head" in carry
 
 
 def test_card_of_a_draft_vocabulary_drafter_names_it_and_its_vllm_export():

@@ -365,7 +365,8 @@ def test_speculators_export_round_trip(target, tmp_path, drafter_type):
     drafter = tiny_drafter(target, num_hidden_layers=2, block_size=BLOCK, drafter_type=drafter_type,
                            target_layer_ids=[0, 2], target_name_or_path="org/tiny-target")
     drafter.save_pretrained(tmp_path / "drafter")
-    report = export_speculators(tmp_path / "drafter", tmp_path / "spec", verifier_architectures=["LlamaForCausalLM"])
+    report = export_speculators(tmp_path / "drafter", tmp_path / "spec", verifier_architectures=["LlamaForCausalLM"],
+                                carry=False)  # plain DFlash: E_carry dropped (tests/test_hub_export_vllm.py: carry)
     dropped = {"carry_embedding"} | ({"markov_head.token_embedding.weight", "markov_head.proj.weight"}
                                      if drafter_type == "markov" else set())
     assert set(report.skipped) == dropped

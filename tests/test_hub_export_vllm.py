@@ -1,5 +1,6 @@
-"""The export for vLLM's DFlash (`convert --to vllm`, the speculators layout) of reduced-vocabulary drafters, without
-vLLM: what the config and the tensors hold. `tests/test_vllm.py` serves the export in vLLM itself."""
+"""The export for vLLM's DFlash (`convert --to vllm`, the speculators layout) of reduced-vocabulary drafters and of
+drafters with carry, and the folder that gives vLLM carryover-hf's plugin, without vLLM: what the config, the tensors
+and the files hold. `tests/test_vllm.py` serves the exports in vLLM itself."""
 
 import json
 
@@ -12,6 +13,7 @@ from carryover_hf.hub import CheckpointError, export_speculators
 from carryover_hf.hub.convert import main as convert_main
 from carryover_hf.hub.convert import target_lm_head_rows
 from carryover_hf.tools.tiny import tiny_drafter, tiny_target
+from carryover_hf.tools.vllm_check import PLUGIN_MODULE, is_carry_export, plugin_dir
 
 
 VOCAB, HIDDEN, BLOCK = 32, 64, 4
@@ -50,7 +52,7 @@ def test_reduced_vocabulary_export_gives_vllm_the_draft_head_and_maps(target, ta
     assert config["sliding_window_non_causal"] is True  # vLLM: dflash_config.causal = not this, for every layer
     assert config["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]  # from the target
     tensors = load_file(tmp_path / "vllm" / "model.safetensors")
-    assert "draft_token_ids" not in tensors and "carry_embedding" not in tensors
+    assert "draft_token_ids" not in tensors
     assert {"lm_head.weight", "d2t", "t2d"} <= set(report.initialised) and "draft_token_ids" in report.skipped
     ids = torch.tensor(DRAFT_IDS)
     head = target.get_output_embeddings().weight
@@ -94,3 +96,51 @@ def test_convert_to_vllm_command(target, target_dir, tmp_path, capsys):
     assert convert_main([*args, "--target", str(target_dir)]) == 0
     assert "set      lm_head.weight" in capsys.readouterr().out
     assert json.loads((tmp_path / "vllm" / "config.json").read_text())["draft_vocab_size"] == len(DRAFT_IDS)
+
+
+@pytest.mark.parametrize("proposes_with_carry", [True, False])
+def test_the_export_keeps_carry_when_the_drafter_proposes_with_it(target, tmp_path, proposes_with_carry):
+    drafter = tiny_drafter(target, num_hidden_layers=2, block_size=BLOCK, target_layer_ids=[0, 2],
+                           target_name_or_path="org/tiny-target")  # fmt: skip
+    drafter.carry_embedding.data.normal_()
+    drafter.generation_config.use_carryover = proposes_with_carry
+    drafter.save_pretrained(tmp_path / "drafter")
+    for carry, folder in ((None, "default"), (True, "carry"), (False, "plain")):
+        export_speculators(tmp_path / "drafter", tmp_path / folder, carry=carry)
+    expected = {"default": proposes_with_carry, "carry": True, "plain": False}
+    for folder, carried in expected.items():
+        config = json.loads((tmp_path / folder / "config.json").read_text())
+        tensors = load_file(tmp_path / folder / "model.safetensors")
+        assert is_carry_export(tmp_path / folder) is carried, folder
+        assert ("carryover" in config["transformer_layer_config"]) is carried
+        assert config["speculators_model_type"] == "dflash"  # vLLM's own method: the plugin only adds the carry
+        if carried:
+            assert config["transformer_layer_config"]["carryover"] == {"carry": True, "format": 1}
+            assert torch.equal(tensors["carry_embedding"], drafter.carry_embedding.detach())
+        else:
+            assert "carry_embedding" not in tensors
+        card = (tmp_path / folder / "README.md").read_text()
+        assert ("**with carryover**" in card) is carried and ("**without carryover**" in card) is not carried
+    # the command line: --no-carry / --carry override the drafter's setting
+    flag = "--no-carry" if proposes_with_carry else "--carry"
+    assert convert_main([str(tmp_path / "drafter"), str(tmp_path / "cli"), "--to", "vllm", flag]) == 0
+    assert is_carry_export(tmp_path / "cli") is not proposes_with_carry
+
+
+def test_plugin_dir_gives_vllm_the_plugin_by_its_entry_point(tmp_path):
+    import importlib.metadata
+    from importlib.resources import files
+
+    folder = plugin_dir(tmp_path / "plugin")
+    assert plugin_dir(tmp_path / "plugin") == folder  # written again, same content
+    plugin = (folder / f"{PLUGIN_MODULE}.py").read_text()
+    assert plugin == files("carryover_hf.integrations").joinpath("vllm_plugin.py").read_text()
+    (entry,) = [e for d in importlib.metadata.distributions(path=[str(folder)])
+                for e in d.entry_points if e.group == "vllm.general_plugins"]  # fmt: skip
+    assert entry.value == f"{PLUGIN_MODULE}:register"
+    # a record left by another version is replaced, not kept beside it
+    stale = folder / f"{PLUGIN_MODULE}-0.0.1.dist-info"
+    stale.mkdir()
+    (stale / "METADATA").write_text("Metadata-Version: 2.1\nName: x\nVersion: 0.0.1\n")
+    plugin_dir(folder)
+    assert not stale.exists() and len(list(folder.glob("*.dist-info"))) == 1

@@ -151,7 +151,7 @@ def test_the_import_reader_sees_every_kind_of_import():
 TOP_LEVEL = {
     "__init__.py", "__main__.py", "py.typed", "compatibility.py", "configuration_carryover.py", "errors.py",
     "features.py", "generation.py", "masks.py", "modeling_carryover.py", "regenerated.py", "resources.py",
-    "round_policy.py", "suffix_cache.py", "targets.py", "utils.py", "assets", "hub", "tools", "training",
+    "round_policy.py", "suffix_cache.py", "targets.py", "utils.py", "assets", "hub", "integrations", "tools", "training",
 }  # fmt: skip
 
 

@@ -121,7 +121,8 @@ def render_model_card(
         base_model: the target's Hub id for the metadata; defaults to `config.target_name_or_path`.
         evaluation: rows for the evaluation table, see [`format_evaluation`].
         training_data / objective: free text; the objective defaults to the one `config.trained_with_carryover` names.
-        export_format: `"speculators"` renders the card of a vLLM speculators export (vLLM usage, no carry).
+        export_format: `"speculators"` renders the card of a vLLM speculators export (vLLM usage; with carry when
+            the generation config's `use_carryover` is on, as `export_speculators(carry=True)` passes it).
         generation_config: the drafter's `generation_config` (a `GenerationConfig` or a dict): the proposal defaults
             a generate call starts from (`PROPOSAL_DEFAULTS`); default: those an old config.json held, else none.
     """
@@ -208,6 +209,7 @@ def render_model_card(
         mask_token_id=config.mask_token_id,
         draft_vocab_size=getattr(config, "draft_vocab_size", None),
         carryover=carryover,
+        carry=bool(defaults["use_carryover"]),
         proposal_defaults=proposal_defaults,
         imported_from=imported_text,
         training_data=training_data or "not recorded",

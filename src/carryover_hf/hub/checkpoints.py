@@ -10,7 +10,7 @@ from huggingface_hub import snapshot_download
 from safetensors.torch import load_file
 
 
-ALLOWED_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", "README.md"]
+ALLOWED_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json", "README.md"]
 
 
 class CheckpointError(ValueError):

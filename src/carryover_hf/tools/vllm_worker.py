@@ -21,6 +21,9 @@ the processes it spawns, goes to stderr). The first line sets up the engine (`mo
 "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seeds": [s] or null}` is generated as one `LLM.generate` call (vLLM
 batches its requests itself) and answered with `{"outputs": [{"tokens", "finish_reason", "stop_reason"}], "seconds"}`;
 `{"close": true}` or the end of stdin stops the engine. An error is answered with `{"error": traceback}`.
+
+A drafter exported with carry (`carryover-hf convert --to vllm --carry`) needs carryover-hf's vLLM plugin: the caller
+puts it on this process's `PYTHONPATH` (`vllm_check.plugin_dir`), and vLLM loads it in each of its processes.
 """
 
 from __future__ import annotations
@@ -43,10 +46,12 @@ SPEC_COUNTERS = {
 }
 
 
-def _spec_counters(llm) -> dict:
+def _spec_counters(metrics: list) -> dict:
+    """The speculative-decoding counters (`SPEC_COUNTERS`, and the accepted drafts per position) among vLLM's metrics
+    (`LLM.get_metrics()`, `vllm.v1.metrics.reader.get_metrics_snapshot()`), summed over engines."""
     counters: dict = {name: 0 for name in SPEC_COUNTERS.values()}
     counters["accepted_per_position"] = []
-    for metric in llm.get_metrics():
+    for metric in metrics:
         if metric.name in SPEC_COUNTERS:
             counters[SPEC_COUNTERS[metric.name]] += int(metric.value)
         elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
@@ -64,11 +69,19 @@ def _difference(after: dict, before: dict) -> dict:
     return diff
 
 
-def run(request: dict) -> dict:
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB; without it vLLM takes most of the machine's memory
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+def _row(output) -> dict:
+    """A request's new tokens and, with a drafter, the drafts accepted and proposed at each of its verify steps."""
+    row = {"tokens": list(output.outputs[0].token_ids)}
+    metrics = getattr(output.outputs[0], "spec_decode_metrics", None)
+    if metrics is not None:
+        row["accepted_per_step"] = list(metrics.per_step_accepted)
+        row["drafted_per_step"] = list(metrics.per_step_drafted)
+    return row
 
+
+def _engine_kwargs(request: dict) -> dict:
+    """The engine's keyword arguments of a `run` or `bench` request (its keys: see the module's docstring)."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB; without it vLLM takes most of the machine's memory
     kwargs = {
         "model": request["model"],
         "dtype": request.get("dtype", "float32"),
@@ -79,6 +92,15 @@ def run(request: dict) -> dict:
     }
     if request.get("speculative_config"):
         kwargs["speculative_config"] = request["speculative_config"]
+    return kwargs
+
+
+def run(request: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kwargs = _engine_kwargs(request)
+    if request.get("speculative_config"):
         kwargs["per_request_spec_decode_metrics"] = "detailed"  # accepted drafts of every verify step, per request
     start = time.perf_counter()
     llm = LLM(**kwargs)
@@ -88,23 +110,22 @@ def run(request: dict) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"],
                             ignore_eos=request.get("ignore_eos", True))  # fmt: skip
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)  # warm-up
-    before = _spec_counters(llm)
+    before = _spec_counters(llm.get_metrics())
     runs = []
     for prompt in prompts:  # batch 1
         start = time.perf_counter()
         output = llm.generate([prompt], params, use_tqdm=False)[0]
-        row = {"tokens": list(output.outputs[0].token_ids), "seconds": time.perf_counter() - start}
-        metrics = getattr(output.outputs[0], "spec_decode_metrics", None)
-        if metrics is not None:
-            row["accepted_per_step"] = list(metrics.per_step_accepted)
-            row["drafted_per_step"] = list(metrics.per_step_drafted)
-        runs.append(row)
-    result = {"startup_seconds": startup, "prompts": runs, "spec_decode": _difference(_spec_counters(llm), before)}
+        runs.append({**_row(output), "seconds": time.perf_counter() - start})
+    spec_decode = _difference(_spec_counters(llm.get_metrics()), before)
+    result = {"startup_seconds": startup, "prompts": runs, "spec_decode": spec_decode}
     if request.get("batch"):
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
-        result["batch"] = {"tokens": [list(o.outputs[0].token_ids) for o in outputs],
-                           "seconds": time.perf_counter() - start}  # fmt: skip
+        seconds = time.perf_counter() - start
+        rows = [_row(output) for output in outputs]
+        result["batch"] = {"tokens": [row["tokens"] for row in rows], "seconds": seconds}
+        if all("accepted_per_step" in row for row in rows):
+            result["batch"]["accepted_per_step"] = [row["accepted_per_step"] for row in rows]
     import vllm
 
     result["vllm_version"] = vllm.__version__
@@ -116,9 +137,7 @@ def serve(requests, reply) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     import traceback
 
-    def answer(message: dict) -> None:
-        reply.write(json.dumps(message) + "\n")
-        reply.flush()
+    answer = _json_lines(reply)
 
     try:
         setup = json.loads(requests.readline() or "{}")
@@ -176,16 +195,104 @@ def serve(requests, reply) -> int:
     return 0
 
 
+async def _timed(engine, prompt, params, request_id: str) -> dict:
+    """One request through `engine` (an `AsyncLLM`): its new tokens, and the seconds from now to its first and to its
+    last token (the outputs stream cumulatively, one per step)."""
+    start = time.perf_counter()
+    first_token = None
+    async for output in engine.generate(prompt, params, request_id):
+        if first_token is None:
+            first_token = time.perf_counter() - start
+        final = output
+    return {"tokens": list(final.outputs[0].token_ids), "latency": time.perf_counter() - start,
+            "first_token": first_token}  # fmt: skip
+
+
+async def _level(engine, prompts: list, params, concurrency: int) -> list[dict]:
+    """All `prompts` submitted at once, at most `concurrency` of them in the engine at a time; `_timed`'s row each."""
+    import asyncio
+
+    slots = asyncio.Semaphore(concurrency)
+
+    async def limited(index: int, prompt) -> dict:
+        async with slots:
+            return await _timed(engine, prompt, params, f"c{concurrency}-{index}")
+
+    return list(await asyncio.gather(*(limited(index, prompt) for index, prompt in enumerate(prompts))))
+
+
+async def _bench(request: dict, report) -> None:
+    """`bench`'s engine and levels; the engine stops (and waits for its process) whatever happens."""
+    import vllm
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.metrics.reader import get_metrics_snapshot
+
+    levels = [int(c) for c in request["concurrency"]]
+    kwargs = {**_engine_kwargs(request), "max_num_seqs": max(levels)}
+    start = time.perf_counter()
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+    report({"ready": True, "vllm_version": vllm.__version__, "startup_seconds": time.perf_counter() - start})
+    try:
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in request["prompts"]]
+        params = SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"],
+                                ignore_eos=request.get("ignore_eos", True))  # fmt: skip
+        await _timed(engine, prompts[0], SamplingParams(temperature=0.0, max_tokens=8), "warm-up")
+        for level in levels:
+            # every level starts with a cold prefix cache: the same prompts came at the level before
+            await engine.reset_prefix_cache()
+            before = _spec_counters(get_metrics_snapshot())
+            start = time.perf_counter()
+            rows = await _level(engine, prompts, params, level)
+            seconds = time.perf_counter() - start
+            # the output handler records a step's counters before it yields to the requests it finished
+            spec_decode = _difference(_spec_counters(get_metrics_snapshot()), before)
+            report({"level": {"concurrency": level, "seconds": seconds, "requests": rows, "spec_decode": spec_decode}})
+    finally:
+        engine.shutdown(timeout=60)  # the engine's process gets a minute to end before it is killed
+
+
+def bench(request: dict, report) -> int:
+    """`--bench`: throughput and latency of one engine at each concurrency level (see the module's docstring);
+    `report(message)` writes each message as it comes."""
+    import asyncio
+
+    asyncio.run(_bench(request, report))
+    return 0
+
+
+def _json_lines(stream):
+    """A function writing each message it is given to `stream` as one JSON line, at once."""
+
+    def write(message: dict) -> None:
+        stream.write(json.dumps(message) + "\n")
+        stream.flush()
+
+    return write
+
+
+def _reply_stream():
+    """A stream to the real stdout, for this script's replies; from here on everything else written to stdout (vLLM's
+    logs, prints of the processes it spawns, which inherit file descriptor 1) goes to stderr."""
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return reply
+
+
 def main(argv: list[str]) -> int:
     if argv == ["--serve"]:
-        # Replies go to the real stdout; everything else written to stdout (vLLM's logs, prints of the processes it
-        # spawns, which inherit file descriptor 1) goes to stderr.
-        reply = os.fdopen(os.dup(1), "w")
-        os.dup2(2, 1)
-        sys.stdout = sys.stderr
-        return serve(sys.stdin, reply)
+        return serve(sys.stdin, _reply_stream())
+    if len(argv) == 2 and argv[0] == "--bench":
+        reply = _reply_stream()
+        with open(argv[1]) as file:
+            request = json.load(file)
+        return bench(request, _json_lines(reply))
     if len(argv) != 2:
-        print("usage: python vllm_worker.py REQUEST.json RESULT.json | --serve", file=sys.stderr)
+        print("usage: python vllm_worker.py REQUEST.json RESULT.json | --serve | --bench REQUEST.json",
+              file=sys.stderr)
         return 2
     with open(argv[0]) as file:
         request = json.load(file)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ...resources import checkout_root
+from ..plotting import saved_figure
 from . import stats
 
 SCHEMA = "carryover-hf-bench/1"
@@ -565,14 +566,13 @@ def to_markdown(report: Mapping[str, Any]) -> str:
 
 
 def plot_acceptance_by_position(report: Mapping[str, Any], path: str | Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     blocks = report["results"]
-    fig, axes = plt.subplots(1, len(blocks), figsize=(5.5 * len(blocks), 4), squeeze=False)
-    for ax, block in zip(axes[0], blocks):
+    with saved_figure(path, figsize=(5.5 * len(blocks), 4), ncols=len(blocks)) as (fig, axes):
+        _draw_acceptance_by_position(fig, axes, blocks)
+
+
+def _draw_acceptance_by_position(fig, axes, blocks) -> None:
+    for ax, block in zip(axes, blocks):
         for method, groups in block["summary"].items():
             rates = groups[OVERALL].get("position_acceptance", {}).get("rates")
             if rates:
@@ -586,20 +586,16 @@ def plot_acceptance_by_position(report: Mapping[str, Any], path: str | Path) -> 
         if ax.get_legend_handles_labels()[0]:  # nothing to label in a partial run without drafted rounds yet
             ax.legend(fontsize=7)
     fig.suptitle("Acceptance by draft position")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_speedup_by_category(report: Mapping[str, Any], path: str | Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     blocks, groups = report["results"], report["groups"]
-    fig, axes = plt.subplots(1, len(blocks), figsize=(max(6, 1.6 * len(groups)) * len(blocks), 4), squeeze=False)
-    for ax, block in zip(axes[0], blocks):
+    with saved_figure(path, figsize=(max(6, 1.6 * len(groups)) * len(blocks), 4), ncols=len(blocks)) as (fig, axes):
+        _draw_speedup_by_category(fig, axes, report, blocks, groups)
+
+
+def _draw_speedup_by_category(fig, axes, report, blocks, groups) -> None:
+    for ax, block in zip(axes, blocks):
         methods = [m for m in block["summary"] if m != "target"]
         width = 0.8 / max(len(methods), 1)
         for i, method in enumerate(methods):
@@ -620,9 +616,6 @@ def plot_speedup_by_category(report: Mapping[str, Any], path: str | Path) -> Non
         ax.legend(fontsize=7)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"Decode speedup by category ({round(report['settings']['confidence'] * 100)}% CI)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def write_report(report: Mapping[str, Any], output_dir: str | Path) -> dict[str, Path]:
