@@ -144,3 +144,18 @@ def test_plugin_dir_gives_vllm_the_plugin_by_its_entry_point(tmp_path):
     (stale / "METADATA").write_text("Metadata-Version: 2.1\nName: x\nVersion: 0.0.1\n")
     plugin_dir(folder)
     assert not stale.exists() and len(list(folder.glob("*.dist-info"))) == 1
+
+
+def test_the_plugin_reads_the_carry_mark_the_export_writes():
+    """The plugin imports only torch and vLLM (it is loaded from the plugin folder, where carryover-hf may not be
+    installed), so it spells the carry mark itself: read its constants from its source and compare."""
+    import ast
+    from importlib.resources import files
+
+    from carryover_hf.hub.convert import VLLM_CARRY_FORMAT, VLLM_CARRY_KEY
+
+    source = files("carryover_hf.integrations").joinpath("vllm_plugin.py").read_text()
+    constants = {node.targets[0].id: ast.literal_eval(node.value) for node in ast.parse(source).body
+                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                 and node.targets[0].id in ("CARRY_CONFIG_KEY", "CARRY_FORMAT")}  # fmt: skip
+    assert constants == {"CARRY_CONFIG_KEY": VLLM_CARRY_KEY, "CARRY_FORMAT": VLLM_CARRY_FORMAT}

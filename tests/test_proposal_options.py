@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from huggingface_hub.errors import StrictDataclassFieldValidationError
 
 from carryover_hf import CarryoverDrafterModel
 from carryover_hf.configuration_carryover import CALL_ONLY_OPTIONS, PROPOSAL_DEFAULTS, CarryoverDrafterConfig
@@ -53,10 +54,15 @@ def test_setting_a_per_call_option_on_the_config_says_to_pass_it_to_generate(dra
         setattr(drafter.config, name, VALUES[name])
 
 
-def test_other_fields_are_still_set(drafter):
+def test_other_fields_are_still_set_and_type_checked(drafter):
     config = CarryoverDrafterConfig.from_dict(drafter.config.to_dict())
     config.block_size = 8
     assert config.block_size == 8 and config.to_dict()["block_size"] == 8
+    config.draft_vocab_size = None
+    for name, value in (("block_size", "eight"), ("draft_vocab_size", 1.5), ("target_layer_ids", [1, "x"])):
+        with pytest.raises(StrictDataclassFieldValidationError, match=f"Field .{name}. expected"):  # refused
+            setattr(config, name, value)
+    assert config.block_size == 8
     with pytest.raises(AttributeError, match="no attribute 'not_a_field'"):
         config.not_a_field  # noqa: B018
 
@@ -73,3 +79,21 @@ def test_old_config_files_and_constructor_keywords_still_set_the_generation_conf
 
     config = CarryoverDrafterConfig(**{**drafter.config.to_dict(), "use_carryover": False})
     assert CarryoverDrafterModel(config).generation_config.use_carryover is False
+
+
+def test_proposal_defaults_given_to_from_pretrained_replace_the_saved_ones(drafter, tmp_path):
+    from transformers import AutoModel
+
+    drafter.save_pretrained(tmp_path / "d")
+    given = {"use_carryover": False, "lookup_drafts": 10, "round_policy": "cost"}
+    for loader in (CarryoverDrafterModel, AutoModel):
+        loaded = loader.from_pretrained(tmp_path / "d", **given)
+        assert {k: getattr(loaded.generation_config, k) for k in given} == given
+    assert CarryoverDrafterModel.from_pretrained(tmp_path / "d").generation_config.use_carryover is True  # unchanged
+    for bad, message in (({"use_carryover": "no"}, "use_carryover must be True or False"),
+                         ({"lookup_drafts": -1}, "lookup_drafts must be a whole number"),
+                         ({"round_policy": "fast"}, "round_policy must be one of")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            CarryoverDrafterModel.from_pretrained(tmp_path / "missing", **bad)  # refused before looking for files
+    with pytest.raises(ProposalOptionError, match="per-call option"):
+        CarryoverDrafterModel.from_pretrained(tmp_path / "d", verification_cost="flat")

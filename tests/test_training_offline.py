@@ -226,6 +226,27 @@ def test_store_grows_with_its_dataset_and_encodes_only_the_new_rows(target, rows
     assert encoded == []
 
 
+def test_stores_read_together_are_their_rows_in_order(target, rows, tmp_path):
+    """`FeatureStore([A, B])`: the rows of A then B, exactly as one store of the concatenated rows; checked against a
+    dataset part by part; stores of other builds are refused together."""
+    build(target, rows.select(range(6)), tmp_path / "a")
+    build(target, rows.select(range(6, 10)), tmp_path / "b")
+    build(target, rows, tmp_path / "whole")
+    both, whole = FeatureStore([tmp_path / "a", tmp_path / "b"]), FeatureStore(tmp_path / "whole")
+    assert len(both) == len(whole) == len(rows) and both.row_lengths() == whole.row_lengths()
+    for i in range(len(rows)):
+        assert torch.equal(both[i]["target_features"], whole[i]["target_features"])
+        assert torch.equal(both[i]["input_ids"], whole[i]["input_ids"])
+    both.check_compatible(dataset=rows)
+    with pytest.raises(FeatureStoreError, match="other data"):
+        both.check_compatible(dataset=rows.select([*range(6), 7, 6, 8, 9]))
+    with pytest.raises(FeatureStoreError, match="other data"):
+        both.check_compatible(dataset=rows.select(range(8)))
+    build(target, rows.select(range(6, 10)), tmp_path / "other", top_k=2)
+    with pytest.raises(FeatureStoreError, match="other settings"):
+        FeatureStore([tmp_path / "a", tmp_path / "other"])
+
+
 def test_store_refuses_a_dataset_with_other_or_fewer_rows(target, rows, tmp_path):
     build(target, rows.select(range(8)), tmp_path)
     reordered = rows.select([1, 0, *range(2, 10)])

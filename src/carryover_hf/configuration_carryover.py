@@ -1,6 +1,8 @@
-"""Configuration of the Carryover drafter."""
+"""Configuration of the Carryover drafter.
 
-from __future__ import annotations
+No `from __future__ import annotations` here: `@strict` checks a field's type on assignment from its annotation, and
+an annotation kept as a string passes every value.
+"""
 
 from typing import Any
 

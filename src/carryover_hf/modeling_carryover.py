@@ -33,7 +33,14 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 from transformers.utils import ModelOutput
 
-from .configuration_carryover import CarryoverDrafterConfig, proposal_generation_config
+from .configuration_carryover import (
+    CALL_ONLY_OPTIONS,
+    PROPOSAL_DEFAULTS,
+    CarryoverDrafterConfig,
+    check_proposal_defaults,
+    proposal_generation_config,
+    proposal_option_error,
+)
 from .masks import additive_mask
 from .round_policy import ROUND_POLICY_STATE_ATTRIBUTE, RoundPolicyState
 
@@ -408,14 +415,25 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """Loads as Transformers does, then the proposal defaults from generation_config.json; a checkpoint saved
-        before it existed keeps the defaults its config.json held (read into `generation_config` at init)."""
+        before it existed keeps the defaults its config.json held (read into `generation_config` at init).
+
+        Proposal defaults given as keywords (`from_pretrained(path, use_carryover=False, lookup_drafts=10)`) replace
+        the saved ones in the loaded drafter's `generation_config`; they are checked before anything loads."""
+        for name in CALL_ONLY_OPTIONS:
+            if name in kwargs:
+                raise proposal_option_error(name, kwargs[name], f"{cls.__name__}.from_pretrained")
+        options = {name: kwargs.pop(name) for name in PROPOSAL_DEFAULTS if name in kwargs}
+        if "use_carryover" in options and not isinstance(options["use_carryover"], bool):
+            raise ValueError(f"use_carryover must be True or False, got {options['use_carryover']!r}.")
+        check_proposal_defaults(options)
         model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         hub = {k: kwargs[k] for k in HUB_KWARGS if k in kwargs}
         try:
-            saved = GenerationConfig.from_pretrained(pretrained_model_name_or_path, **hub)
+            model.generation_config = GenerationConfig.from_pretrained(pretrained_model_name_or_path, **hub)
         except OSError:  # saved before generation_config.json: config.json held the defaults (read at init)
-            return model
-        model.generation_config = saved
+            pass
+        for name, value in options.items():
+            setattr(model.generation_config, name, value)
         return model
 
     def can_generate(self) -> bool:  # a drafter proposes through its target, it has no `generate` of its own

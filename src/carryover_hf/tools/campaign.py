@@ -12,9 +12,10 @@ outside the work tree (default `../runs/campaign`), which the next session on th
 
 The loop (`run`) does, each time it starts:
 
-1. **Data.** Builds or extends the offline feature stores (`features-train/`, `features-eval/`) of the campaign's
-   regenerated rows (`carryover_hf.training.feature_store.build_features`: resumable shard by shard, fingerprinted;
-   a grown regeneration run only adds shards). The held-out rows never enter the training store.
+1. **Data.** Builds or extends the offline feature stores of the campaign's regenerated rows: one training store
+   per dataset (`features-train/`, `features-train-1/`, ...) and `features-eval/`
+   (`carryover_hf.training.feature_store.build_features`: resumable shard by shard, fingerprinted; a grown
+   regeneration run only adds shards to its own store). The held-out rows never enter a training store.
 2. **Training.** Continues the trunk (`trunk/`, a `CarryoverTrainer` run with a constant learning rate after its
    warm-up) from its last checkpoint: weights, optimizer, scheduler, data order, anchors and RNG are restored, so a run
    stopped and resumed takes the same steps as one that never stopped. The held-out teacher-forced tau is evaluated
@@ -256,8 +257,8 @@ def milestone_core_hours(config: CampaignConfig, index: int) -> float:
 
 # -- step 1: data -----------------------------------------------------------------------------------------------------
 def split_held_out(rows, held_out: range):
-    """(training rows, held-out rows) of a dataset: the rows inside `held_out`, and every row outside it, in order,
-    except rows that answer a held-out prompt again (same `id`, e.g. a sampled run over the same prompts)."""
+    """(training row indices, held-out row indices) of a dataset: the rows outside `held_out`, in order, except rows
+    that answer a held-out prompt again (same `id`, e.g. a sampled run over the same prompts); and the rows inside."""
     if len(rows) < held_out.stop:
         raise UsageError(f"the campaign's datasets have {len(rows)} rows; the held-out rows {held_out.start}-"
                          f"{held_out.stop - 1} need more.")  # fmt: skip
@@ -267,27 +268,45 @@ def split_held_out(rows, held_out: range):
     dropped = len(rows) - len(held_out) - len(kept)
     if dropped:
         print(f"campaign: {dropped} training row(s) answer a held-out prompt again and are left out", flush=True)
-    return rows.select(kept), rows.select(held_out)
+    return kept, list(held_out)
 
 
-def build_stores(campaign: Campaign, config: CampaignConfig, target, progress: bool = True) -> dict[str, Path]:
-    """Builds or extends the training and held-out feature stores; returns their folders."""
+def train_store_names(count: int) -> list[str]:
+    """The training stores' folders, one per dataset (`features-train`, `features-train-1`, ...)."""
+    return ["features-train"] + [f"features-train-{k}" for k in range(1, count)]
+
+
+def build_stores(campaign: Campaign, config: CampaignConfig, target, progress: bool = True) -> dict[str, list[Path]]:
+    """Builds or extends the held-out store and one training store per dataset; returns their folders.
+
+    Each dataset has its own training store so that every store only ever grows at its end: a regeneration run that
+    gains chunks adds shards to its own store and leaves the stores of the datasets after it as they are."""
+    from datasets import concatenate_datasets
+
     from ..training.data import load_rows
     from ..training.feature_store import FeatureBuildConfig, build_features
 
-    rows = load_rows(",".join(config.datasets), "datasets")
-    train, held_out = split_held_out(rows, range(*config.held_out_rows))
-    stores = {}
-    for name, part in (("eval", held_out), ("train", train)):
-        folder = campaign.dir / f"features-{name}"
-        build = FeatureBuildConfig(
-            output=str(folder), target=config.target, target_dtype=config.target_dtype,
-            target_layer_ids=config.target_layer_ids, dtype=config.feature_dtype, top_k=config.top_k,
-            shard_rows=config.feature_shard_rows, batch_size=config.feature_batch_size, num_threads=config.threads,
-        )  # fmt: skip
-        manifest = build_features(build, target=target, rows=part, progress=progress)
-        print(f"campaign: features-{name}: {manifest['num_rows']} rows, {manifest['summary']['tokens']} tokens", flush=True)
-        stores[name] = folder
+    sources = [load_rows(path, "datasets") for path in config.datasets]
+    rows = sources[0] if len(sources) == 1 else concatenate_datasets(sources)
+    kept, held_out = split_held_out(rows, range(*config.held_out_rows))
+    bounds = [0]
+    for source in sources:
+        bounds.append(bounds[-1] + len(source))
+    parts = {"eval": [("features-eval", held_out)]}
+    parts["train"] = [(name, [i for i in kept if bounds[k] <= i < bounds[k + 1]])
+                      for k, name in enumerate(train_store_names(len(sources)))]  # fmt: skip
+    stores: dict[str, list[Path]] = {}
+    for kind, folders in parts.items():
+        for name, indices in folders:
+            folder = campaign.dir / name
+            build = FeatureBuildConfig(
+                output=str(folder), target=config.target, target_dtype=config.target_dtype,
+                target_layer_ids=config.target_layer_ids, dtype=config.feature_dtype, top_k=config.top_k,
+                shard_rows=config.feature_shard_rows, batch_size=config.feature_batch_size, num_threads=config.threads,
+            )  # fmt: skip
+            manifest = build_features(build, target=target, rows=rows.select(indices), progress=progress)
+            print(f"campaign: {name}: {manifest['num_rows']} rows, {manifest['summary']['tokens']} tokens", flush=True)
+            stores.setdefault(kind, []).append(folder)
     return stores
 
 

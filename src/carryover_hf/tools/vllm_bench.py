@@ -45,7 +45,6 @@ from .vllm_check import (
     _worker_environment,
     cpu_description,
     find_vllm_python,
-    is_carry_export,
 )
 
 CONFIGS = ("vllm", "ngram", "suffix", "dflash", "carry")
@@ -107,14 +106,13 @@ def run_worker(python: str | os.PathLike, request: dict, *, log_path: Path,
     `startup_seconds` and raw `levels`, each level also passed to `on_level` as it comes. vLLM's output goes to
     `log_path`, whose end an error quotes. The worker runs in its own process group, stopped whole if it is still
     running when its levels are in or this side fails (`timeout`: seconds to wait for its start or a level)."""
-    drafter = request.get("speculative_config") or {}
-    carry = "model" in drafter and is_carry_export(drafter["model"])
     with tempfile.TemporaryDirectory(prefix="carryover-vllm-bench-") as scratch, open(log_path, "w") as log:
         request_path = Path(scratch) / "request.json"
         request_path.write_text(json.dumps(request))
         process = subprocess.Popen([os.path.abspath(python), str(WORKER), "--bench", str(request_path)],
                                    stdout=subprocess.PIPE, stderr=log, text=True, cwd=scratch,
-                                   env=_worker_environment(carry=carry), start_new_session=True)  # fmt: skip
+                                   env=_worker_environment(speculative_config=request.get("speculative_config")),
+                                   start_new_session=True)  # fmt: skip
         lines: queue.Queue[str] = queue.Queue()  # its stdout, read by a thread: a wait for a line can time out
         threading.Thread(target=lambda: [*map(lines.put, process.stdout), lines.put("")], daemon=True).start()
         result: dict[str, Any] = {"levels": []}

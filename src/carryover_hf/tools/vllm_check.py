@@ -171,8 +171,7 @@ def run_vllm(
     request = {"model": str(model), "prompts": [list(map(int, p)) for p in prompts], "max_new_tokens": max_new_tokens,
                "speculative_config": speculative_config, "dtype": dtype, "ignore_eos": ignore_eos, "batch": batch,
                "enforce_eager": True, "max_model_len": max_model_len}  # fmt: skip
-    carry = bool(speculative_config) and is_carry_export(speculative_config.get("model", ""))
-    environment = _worker_environment(carry=carry)
+    environment = _worker_environment(speculative_config=speculative_config)
     with tempfile.TemporaryDirectory(prefix="carryover-vllm-") as scratch:
         request_path, result_path = Path(scratch) / "request.json", Path(scratch) / "result.json"
         request_path.write_text(json.dumps(request))
@@ -236,11 +235,12 @@ def is_carry_export(folder: str | os.PathLike) -> bool:
     return bool((layers.get(VLLM_CARRY_KEY) or {}).get("carry"))
 
 
-def _worker_environment(threads: int | None = None, carry: bool = False) -> dict[str, str]:
-    """The worker's environment: this one without the project's virtualenv, with a 4 GiB KV cache, one OpenMP thread
-    (`threads` if given), no usage statistics (each unless set); with `carry`, carryover-hf's plugin on the path."""
+def _worker_environment(threads: int | None = None, speculative_config: dict | None = None) -> dict[str, str]:
+    """The environment of a vLLM process: this one without the project's virtualenv, with a 4 GiB KV cache, one
+    OpenMP thread (`threads` if given), no usage statistics (each unless set); where `speculative_config` serves a
+    carry export (`is_carry_export` of its model), carryover-hf's plugin on the path and vLLM's V1 model runner."""
     environment = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
-    if carry:
+    if speculative_config and is_carry_export(speculative_config.get("model", "")):
         environment["PYTHONPATH"] = str(plugin_dir())
         environment.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # carry runs in the V1 runner (CUDA vLLM 0.33: V2)
     if threads:
@@ -709,7 +709,7 @@ def serve_command(
     command = [os.path.abspath(python), "-m", "vllm.entrypoints.openai.api_server", "--model", served, "--dtype",
                "float32", "--enforce-eager", "--max-model-len", "2048", "--port", str(port),
                "--speculative-config", json.dumps(speculative_config), *(server_args or [])]  # fmt: skip
-    return command, _worker_environment(carry=is_carry_export(export)), speculative_config
+    return command, _worker_environment(speculative_config=speculative_config), speculative_config
 
 
 def main(argv: list[str] | None = None) -> int:

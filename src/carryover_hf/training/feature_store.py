@@ -334,53 +334,78 @@ def _write_manifest(path: Path, manifest: dict) -> None:
 
 # -- reading ------------------------------------------------------------------------------------------------------
 class FeatureStore(torch.utils.data.Dataset):
-    """The rows of a finished feature store, read lazily (only the bytes of a row asked for).
+    """The rows of finished feature stores, read lazily (only the bytes of a row asked for).
 
-    Opening checks the manifest and every shard (present, of the recorded size, readable header, same fingerprint),
-    so a damaged store fails before any training step. `check_compatible(layer_ids, target, dataset)` checks that the
-    store was made for this drafter's layer ids and this target.
+    `FeatureStore(DIR)` reads one store; `FeatureStore([DIR_A, DIR_B, ...])` reads several stores of the same build
+    (same settings and target) as one, their rows one after the other: a training set made of several sources, each
+    store growing with its own source. Opening checks every manifest and every shard (present, of the recorded size,
+    readable header, same fingerprint), so a damaged store fails before any training step.
+    `check_compatible(layer_ids, target, dataset)` checks that the stores were made for this drafter's layer ids and
+    this target (and the dataset's rows, in order).
     """
 
-    def __init__(self, path: str | os.PathLike, allow_incomplete: bool = False):
-        from safetensors import safe_open
-
-        self.path = Path(path)
-        manifest_path = self.path / MANIFEST
-        if not manifest_path.is_file():
-            raise FeatureStoreError(f"{self.path} is not a feature store (no {MANIFEST}); build one with `carryover-hf features`.")
-        self.manifest = json.loads(manifest_path.read_text())
+    def __init__(self, path: str | os.PathLike | list, allow_incomplete: bool = False):
+        paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
+        if not paths:
+            raise FeatureStoreError("FeatureStore needs at least one store folder.")
+        self.path = paths[0] if len(paths) == 1 else Path(",".join(str(p) for p in paths))  # for messages
+        self.parts: list[tuple[Path, dict]] = []  # (folder, manifest) per store, in row order
+        self._shards, starts = [], [0]
+        for folder in paths:
+            manifest = self._open_manifest(folder, allow_incomplete)
+            if self.parts and manifest["fingerprint"] != self.parts[0][1]["fingerprint"]:
+                raise FeatureStoreError(f"{folder} was built with other settings than {self.parts[0][0]}; stores read "
+                                        "together must share target, layers, dtype, top-k and shard size.")  # fmt: skip
+            self.parts.append((folder, manifest))
+            for file, rows in self._checked_shards(folder, manifest):
+                self._shards.append(file)
+                starts.append(starts[-1] + rows)
+        self.manifest = self.parts[0][1]
         self.settings = self.manifest["settings"]
-        if self.settings.get("format_version") != FORMAT_VERSION:
-            raise FeatureStoreError(f"{self.path}: feature store format {self.settings.get('format_version')} is not supported (expected {FORMAT_VERSION}); rebuild it.")
-        if not self.manifest.get("complete") and not allow_incomplete:
+        self._starts = np.asarray(starts)
+        self._handles: dict[int, object] = {}
+        self._offsets: dict[int, torch.Tensor] = {}
+        self._limit: int | None = None
+
+    @staticmethod
+    def _open_manifest(folder: Path, allow_incomplete: bool) -> dict:
+        manifest_path = folder / MANIFEST
+        if not manifest_path.is_file():
+            raise FeatureStoreError(f"{folder} is not a feature store (no {MANIFEST}); build one with `carryover-hf features`.")
+        manifest = json.loads(manifest_path.read_text())
+        version = manifest.get("settings", {}).get("format_version")
+        if version != FORMAT_VERSION:
+            raise FeatureStoreError(f"{folder}: feature store format {version} is not supported (expected {FORMAT_VERSION}); rebuild it.")
+        if not manifest.get("complete") and not allow_incomplete:
             raise FeatureStoreError(
-                f"{self.path} is unfinished ({len(self.manifest['shards'])} shards written): rerun the same "
+                f"{folder} is unfinished ({len(manifest['shards'])} shards written): rerun the same "
                 "`carryover-hf features` command to complete it."
             )
-        self._shards, starts = [], [0]
-        for shard in self.manifest["shards"]:
-            file = self.path / shard["file"]
+        return manifest
+
+    @staticmethod
+    def _checked_shards(folder: Path, manifest: dict):
+        """(file, rows) of each shard of one store, after checking it is there, whole and of this build."""
+        from safetensors import safe_open
+
+        for shard in manifest["shards"]:
+            file = folder / shard["file"]
             if not file.is_file():
-                raise FeatureStoreError(f"{self.path}: shard {shard['file']} is missing; rebuild the store (delete it and rerun `carryover-hf features`).")
+                raise FeatureStoreError(f"{folder}: shard {shard['file']} is missing; rebuild the store (delete it and rerun `carryover-hf features`).")
             size = file.stat().st_size
             if size != shard["bytes"]:
                 raise FeatureStoreError(
-                    f"{self.path}: shard {shard['file']} has {size} bytes, the manifest records {shard['bytes']} "
+                    f"{folder}: shard {shard['file']} has {size} bytes, the manifest records {shard['bytes']} "
                     "(truncated or replaced); delete it and rerun `carryover-hf features` to rewrite it."
                 )
             try:
                 with safe_open(str(file), framework="pt") as handle:
                     metadata = handle.metadata() or {}
             except Exception as error:  # safetensors raises its own error types for bad headers
-                raise FeatureStoreError(f"{self.path}: shard {shard['file']} is unreadable ({error}).") from error
-            if (metadata.get("fingerprint"), metadata.get("data_fingerprint")) != (self.manifest["fingerprint"], shard["data_fingerprint"]):
-                raise FeatureStoreError(f"{self.path}: shard {shard['file']} belongs to another build (fingerprint).")
-            self._shards.append(file)
-            starts.append(starts[-1] + shard["rows"])
-        self._starts = np.asarray(starts)
-        self._handles: dict[int, object] = {}
-        self._offsets: dict[int, torch.Tensor] = {}
-        self._limit: int | None = None
+                raise FeatureStoreError(f"{folder}: shard {shard['file']} is unreadable ({error}).") from error
+            if (metadata.get("fingerprint"), metadata.get("data_fingerprint")) != (manifest["fingerprint"], shard["data_fingerprint"]):
+                raise FeatureStoreError(f"{folder}: shard {shard['file']} belongs to another build (fingerprint).")
+            yield file, shard["rows"]
 
     # -- checks --------------------------------------------------------------------------------------------------
     @property
@@ -406,8 +431,13 @@ class FeatureStore(torch.utils.data.Dataset):
                 f"({target.config._name_or_path!r}); rebuild the features with this target."
             )
         if dataset is not None:
-            stored = [shard["data_fingerprint"] for shard in self.manifest["shards"]]
-            if shard_fingerprints(dataset, self.settings["shard_rows"]) != stored:
+            stored, given, lo = [], [], 0
+            for _, manifest in self.parts:  # each store fingerprints its own rows from its first
+                rows = sum(shard["rows"] for shard in manifest["shards"])
+                stored += [shard["data_fingerprint"] for shard in manifest["shards"]]
+                given += shard_fingerprints(_slice(dataset, lo, min(len(dataset), lo + rows)), self.settings["shard_rows"])
+                lo += rows
+            if lo != len(dataset) or given != stored:
                 raise FeatureStoreError(
                     f"{self.path} was built from other data than the --dataset given ({len(dataset)} rows; the store "
                     f"holds {len(self)}): rerun `carryover-hf features` with this dataset to bring the store up to date."
