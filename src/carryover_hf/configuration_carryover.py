@@ -78,6 +78,8 @@ def proposal_generation_config(config: "CarryoverDrafterConfig | None" = None, *
 
 def check_proposal_defaults(values: dict[str, Any]) -> None:
     """Proposal defaults (`PROPOSAL_DEFAULTS`: a drafter's generation config, or an old config.json) are valid."""
+    if "use_carryover" in values and not isinstance(values["use_carryover"], bool):
+        raise ValueError(f"use_carryover must be True or False, got {values['use_carryover']!r}.")
     threshold = values.get("draft_confidence_threshold")
     if threshold is not None and not 0.0 <= threshold <= 1.0:
         raise ValueError(f"draft_confidence_threshold must lie in [0, 1] or be None (off), got {threshold}.")

@@ -423,8 +423,6 @@ class CarryoverDrafterModel(CarryoverDrafterPreTrainedModel):
             if name in kwargs:
                 raise proposal_option_error(name, kwargs[name], f"{cls.__name__}.from_pretrained")
         options = {name: kwargs.pop(name) for name in PROPOSAL_DEFAULTS if name in kwargs}
-        if "use_carryover" in options and not isinstance(options["use_carryover"], bool):
-            raise ValueError(f"use_carryover must be True or False, got {options['use_carryover']!r}.")
         check_proposal_defaults(options)
         model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         hub = {k: kwargs[k] for k in HUB_KWARGS if k in kwargs}
