@@ -10,14 +10,17 @@ import carryover_hf  # noqa: F401  (installs the generation hook)
 from carryover_hf.tools.cpu_kernels import (
     GROUPED_ATTENTION,
     PackedLinear,
+    SkinnyChoice,
     apply_cpu_kernels,
     pack_linears,
     packed_linears_available,
     resolve_cpu_kernels,
     skinny_linear,
     skinny_linear_available,
+    tune_skinny_kernel,
     unpack_linears,
     use_grouped_attention,
+    use_skinny_choice,
     use_skinny_linear,
 )
 from carryover_hf.tools.testing import skew_towards_token, tiny_drafter, tiny_target
@@ -275,6 +278,74 @@ def test_packed_linear_sends_2_to_12_rows_at_one_thread_to_the_skinny_kernel(mon
     finally:
         torch.set_num_threads(threads)
     assert used == [("skinny", 2), ("skinny", 12), ("onednn", 13), ("onednn", 4), ("onednn", 3)]
+
+
+@skinny
+def test_skinny_kernel_gives_each_output_the_same_sum_whatever_the_rows_and_weight_rows_per_block():
+    """Bit for bit: a row's outputs do not depend on how many rows share the call or how weight rows are blocked, so a
+    plain step on the kernel and a verification row on it agree exactly (the tuned choice changes speed only)."""
+    import carryover_hf.tools.cpu_kernels as kernels
+
+    generator = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(29, 581, generator=generator), torch.randn(37, 581, generator=generator)  # odd: tails
+    bias = torch.randn(37, generator=generator)
+    reference = kernels._skinny_product(x, weight, bias, pairs=0)
+    for rows in (1, 2, 3, 4, 14, 15):
+        for pairs in (0, 0b111, 0b101):
+            out = kernels._skinny_product(x[:rows].contiguous(), weight, bias, pairs=pairs)
+            assert torch.equal(out, reference[:rows]), (rows, pairs)
+    for i in range(5):
+        assert torch.equal(kernels._skinny_product(x[i : i + 1].contiguous(), weight, bias, pairs=1), reference[i : i + 1])
+
+
+@skinny
+def test_one_row_goes_to_the_skinny_kernel_only_where_the_choice_says(monkeypatch):
+    import carryover_hf.tools.cpu_kernels as kernels
+
+    linear = _linear(out_features=64, in_features=40)
+    packed = PackedLinear.wrap(linear)
+    used = []
+    original = kernels._skinny_product
+    monkeypatch.setattr(kernels, "_skinny_product", lambda x, *a, **k: used.append(x.shape[0]) or original(x, *a, **k))
+    threads = torch.get_num_threads()
+    previous = use_skinny_choice(SkinnyChoice(one_row=True, two_weight_rows=(False, True, False)))
+    try:
+        torch.set_num_threads(1)
+        x = torch.randn(1, 1, 40)
+        with torch.no_grad():
+            torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+            off = use_skinny_linear(False)
+            torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)  # no kernel: F.linear, not oneDNN
+            use_skinny_linear(off)
+            use_skinny_choice(SkinnyChoice())
+            packed(x)
+    finally:
+        use_skinny_choice(previous)
+        torch.set_num_threads(threads)
+    assert used == [1]
+    assert SkinnyChoice(one_row=True, two_weight_rows=(False, True, False)).pairs == 0b010
+    assert SkinnyChoice().pairs == 0b111 and packed.kernel_key == f"[{SkinnyChoice().describe()}]"
+
+
+@skinny
+def test_tune_skinny_kernel_times_the_models_weights_and_uses_the_choice():
+    import carryover_hf.tools.cpu_kernels as kernels
+
+    model = nn.Sequential(*(nn.Linear(512, 1024, bias=False) for _ in range(4)))  # 8 MB of float32 weights
+    threads = torch.get_num_threads()
+    previous = use_skinny_choice(SkinnyChoice())
+    try:
+        torch.set_num_threads(1)
+        assert tune_skinny_kernel(model) is None  # under 64 MB: cache-resident, says nothing; nothing changes
+        assert kernels._Skinny.choice == SkinnyChoice()
+        choice = tune_skinny_kernel(model, min_bytes=1 << 20, repeats=1)
+        assert isinstance(choice, SkinnyChoice) and kernels._Skinny.choice == choice
+        assert kernels._Skinny.min_rows == (1 if choice.one_row else 2)
+        torch.set_num_threads(2)
+        assert tune_skinny_kernel(model, min_bytes=1 << 20, repeats=1) is None  # the kernel runs at one thread only
+    finally:
+        use_skinny_choice(previous)
+        torch.set_num_threads(threads)
 
 
 def test_skinny_kernel_build_failure_says_why(monkeypatch, tmp_path):

@@ -485,8 +485,10 @@ def calibrate(
 
     device, dtype = next(target.parameters()).device, next(target.parameters()).dtype
     # what decides the curve's shape besides device, dtype and threads: the architecture and the kernels it runs
-    # (module classes: the CPU kernels swap in packed linears), as a short digest
-    layout = target.config.to_json_string(use_diff=False) + ",".join(sorted({type(m).__name__ for m in target.modules()}))
+    # (module classes: the CPU kernels swap in packed linears; and a module's `kernel_key` where it has one: how the
+    # packed linears run the fewest rows on this machine), as a short digest
+    kernels = {type(m).__name__ + getattr(m, "kernel_key", "") for m in target.modules()}
+    layout = target.config.to_json_string(use_diff=False) + ",".join(sorted(kernels))
     key = {"model": str(getattr(target.config, "_name_or_path", "") or type(target).__name__), "device": str(device),
            "dtype": str(dtype).replace("torch.", ""), "threads": str(torch.get_num_threads()),
            "max_drafts": str(max_drafts), "layout": hashlib.sha256(layout.encode()).hexdigest()[:10]}  # fmt: skip

@@ -42,7 +42,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -59,7 +61,9 @@ logger = logging.get_logger(__name__)
 
 # Row count the reorder is tuned for (measured here: 4 makes 2-8 rows cheapest; 1 makes them slower).
 PACK_ROWS = 4
-# Fewer rows than this go through F.linear: MKL's matrix-vector kernel beats the packed one on a single row.
+# Fewer rows than this go through F.linear unless `tune_skinny_kernel` found the skinny kernel faster at one row on
+# this machine: MKL's matrix-vector kernel beats oneDNN's packed one on a single row, and beat the skinny kernel on the
+# Intel Xeon it was first measured on (not on the AMD EPYC: docs/cpu-kernels.md).
 MIN_PACKED_ROWS = 2
 # Up to this many rows the skinny kernel (csrc/skinny_linear.c) runs instead of oneDNN, where it is available and
 # torch runs one intra-op thread (the kernel is single-threaded); measured here: faster from 2 to 11 rows.
@@ -68,13 +72,37 @@ _SKINNY_SOURCE = Path(str(resources.files(__package__).joinpath("csrc", "skinny_
 _SKINNY_FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC"]
 
 
+@dataclass(frozen=True)
+class SkinnyChoice:
+    """How the skinny kernel runs the fewest rows, a property of the machine (`tune_skinny_kernel` times it).
+
+    `one_row`: a single row goes to the skinny kernel rather than MKL's `F.linear`. `two_weight_rows[m - 1]`: for m =
+    1, 2, 3 rows of x, the kernel takes two weight rows per block rather than one. The default is what an Intel Xeon
+    measured best (docs/cpu-kernels.md). Whatever the choice, each output is the same sum in the same order."""
+
+    one_row: bool = False
+    two_weight_rows: tuple[bool, bool, bool] = (True, True, True)
+
+    @property
+    def pairs(self) -> int:
+        """The kernel's `pairs` argument: bit m - 1 set where m rows take two weight rows per block."""
+        return sum(1 << i for i, two in enumerate(self.two_weight_rows) if two)
+
+    def describe(self) -> str:
+        rows = ",".join("2" if two else "1" for two in self.two_weight_rows)
+        return f"one row on {'skinny' if self.one_row else 'F.linear'}; weight rows per block for 1-3 rows: {rows}"
+
+
 class _Skinny:
-    """The skinny kernel's shared library: built on first use into a cache folder, then loaded from there."""
+    """The skinny kernel's shared library (built on first use into a cache folder, then loaded from there) and how
+    it runs the fewest rows on this machine (`SkinnyChoice`, set by `use_skinny_choice` / `tune_skinny_kernel`)."""
 
     library: ctypes.CDLL | None = None
     reason: str | None = None  # why it is unavailable, once tried
     tried = False
     enabled = True
+    choice = SkinnyChoice()
+    min_rows = MIN_PACKED_ROWS  # rows below this go to F.linear: 1 where the choice sends one row to the kernel
 
 
 def _build_skinny(source_path: Path = _SKINNY_SOURCE) -> ctypes.CDLL:
@@ -102,7 +130,7 @@ def _build_skinny(source_path: Path = _SKINNY_SOURCE) -> ctypes.CDLL:
                 raise RuntimeError(f"building the skinny kernel failed: {result.stderr.strip()[-500:]}")
             os.replace(built, path)  # atomic: concurrent processes see a whole library or none
     library = ctypes.CDLL(str(path))
-    library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+    library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     library.skinny_linear.restype = None
     return library
 
@@ -133,6 +161,13 @@ def use_skinny_linear(enabled: bool) -> bool:
     return previous
 
 
+def use_skinny_choice(choice: SkinnyChoice) -> SkinnyChoice:
+    """Run the fewest rows as `choice` says from now on (every packed layer); returns the previous choice."""
+    previous, _Skinny.choice = _Skinny.choice, choice
+    _Skinny.min_rows = 1 if choice.one_row else MIN_PACKED_ROWS
+    return previous
+
+
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for contiguous float32 CPU tensors, x `(M, K)`, on the skinny kernel."""
     if not skinny_linear_available():
@@ -149,14 +184,80 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return _skinny_product(x, weight, bias)
 
 
-def _skinny_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The kernel call itself, for callers that have checked what `skinny_linear` checks (`PackedLinear.forward`)."""
+def _skinny_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pairs: int | None = None) -> torch.Tensor:
+    """The kernel call itself, for callers that have checked what `skinny_linear` checks (`PackedLinear.forward`);
+    `pairs` (the kernel's argument, `SkinnyChoice.pairs`) defaults to the current choice's."""
     out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
     _Skinny.library.skinny_linear(
         x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
-        x.shape[0], weight.shape[0], x.shape[1],
+        x.shape[0], weight.shape[0], x.shape[1], _Skinny.choice.pairs if pairs is None else pairs,
     )  # fmt: skip
     return out
+
+
+def tune_skinny_kernel(
+    model: nn.Module, budget_bytes: int = 256 << 20, min_bytes: int = 64 << 20, repeats: int = 5, margin: float = 0.03
+) -> SkinnyChoice | None:
+    """Time how the fewest rows (1-3) run fastest on this machine, over the model's own float32 weights, and use it.
+
+    For each row count the candidates (one row: MKL's `F.linear`, the skinny kernel with one or two weight rows per
+    block; 2-3 rows: the kernel with one or two) take turns streaming the same weights (up to `budget_bytes` of the
+    model's linears, so that they come from memory as in a forward, not from cache), `repeats` times each; the
+    fastest median wins where it beats the default (`SkinnyChoice()`) by more than `margin`. About a second on
+    SmolLM2-135M. Returns the choice now in use, or None (nothing changed) where the kernel cannot run here, torch
+    runs more than one intra-op thread (the kernel is single-threaded) or the model has under `min_bytes` of
+    weights to time (a weight that fits in cache says nothing about a forward)."""
+    if not skinny_linear_available() or torch.get_num_threads() != 1:
+        return None
+    weights, seen, total = [], set(), 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(module, nn.Linear) or weight is None or weight.data_ptr() in seen:
+            continue
+        if weight.dtype != torch.float32 or weight.device.type != "cpu" or not weight.is_contiguous():
+            continue
+        seen.add(weight.data_ptr())
+        weights.append(weight.detach())
+        total += weight.numel() * 4
+        if total >= budget_bytes:
+            break
+    if total < min_bytes:
+        return None
+    generator = torch.Generator().manual_seed(0)
+    inputs = {w.shape[1]: torch.randn(3, w.shape[1], generator=generator) for w in weights}
+
+    def sweep(rows: int, candidate: str) -> float:
+        start = time.perf_counter()
+        for weight in weights:
+            x = inputs[weight.shape[1]][:rows]
+            if candidate == "F.linear":
+                F.linear(x, weight)
+            else:
+                _skinny_product(x, weight, None, pairs=(1 << (rows - 1)) if candidate == "two" else 0)
+        return time.perf_counter() - start
+
+    default = SkinnyChoice()
+    best: dict[int, str] = {}
+    with torch.no_grad():
+        for rows in (1, 2, 3):
+            candidates = (["F.linear"] if rows == 1 else []) + ["two", "one"]
+            times = {c: [] for c in candidates}
+            for turn in range(repeats + 1):  # the first turn warms up
+                for candidate in candidates if turn % 2 == 0 else candidates[::-1]:
+                    elapsed = sweep(rows, candidate)
+                    if turn:
+                        times[candidate].append(elapsed)
+            median = {c: sorted(t)[len(t) // 2] for c, t in times.items()}
+            usual = "F.linear" if rows == 1 and not default.one_row else ("two" if default.two_weight_rows[rows - 1] else "one")
+            fastest = min(median, key=median.get)
+            best[rows] = fastest if median[fastest] < (1 - margin) * median[usual] else usual
+    choice = SkinnyChoice(
+        one_row=best[1] != "F.linear",
+        two_weight_rows=(best[1] == "two" if best[1] != "F.linear" else default.two_weight_rows[0], best[2] == "two", best[3] == "two"),
+    )  # fmt: skip
+    use_skinny_choice(choice)
+    logger.info(f"carryover_hf.tools.cpu_kernels: timed on {total >> 20} MB of weights: {choice.describe()}")
+    return choice
 
 
 def packed_linears_available() -> bool:
@@ -220,9 +321,15 @@ class PackedLinear(nn.Linear):
             self._packed_key = key
         return self._packed
 
+    @property
+    def kernel_key(self) -> str:
+        """What, besides the class, decides this layer's speed by row count (the machine's `SkinnyChoice`): part of
+        the key under which the round policy caches a target's verification-cost curve."""
+        return f"[{_Skinny.choice.describe()}]"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The one-row test comes first and alone: a decode step pays it 200 times per forward.
-        if x.numel() < MIN_PACKED_ROWS * self.in_features or not self._usable(x):
+        if x.numel() < _Skinny.min_rows * self.in_features or not self._usable(x):
             return F.linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.detach()
         rows = x.numel() // self.in_features
@@ -235,6 +342,8 @@ class PackedLinear(nn.Linear):
         ):  # `_usable` has checked float32 on CPU: what `skinny_linear` would check again
             flat = x.reshape(rows, self.in_features).contiguous()
             return _skinny_product(flat, self.weight.detach(), bias).view(*x.shape[:-1], self.out_features)
+        if rows == 1:  # chosen for the skinny kernel, which cannot run now: MKL beats oneDNN at one row
+            return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), bias, "none", [], "")
 
 
@@ -354,11 +463,15 @@ def use_grouped_attention(model: nn.Module) -> bool:
     return True
 
 
-def apply_cpu_kernels(target: nn.Module, *drafters: nn.Module) -> dict:
+def apply_cpu_kernels(target: nn.Module, *drafters: nn.Module, tune: bool = True) -> dict:
     """Everything `--cpu_kernels on` does: packed linears for the target and the drafters, grouped-query attention
-    for the target (a drafter's attention is its own). Returns what was switched, for reports."""
+    for the target (a drafter's attention is its own), and with `tune` the skinny kernel's way with 1-3 rows timed
+    on the target's weights (`tune_skinny_kernel`). Returns what was switched, for reports."""
     linears = pack_linears(target) + sum(pack_linears(drafter) for drafter in drafters)
-    return {"packed_linears": linears, "grouped_attention": use_grouped_attention(target)}
+    switched = {"packed_linears": linears, "grouped_attention": use_grouped_attention(target)}
+    tuned = tune_skinny_kernel(target) if tune else None
+    switched["skinny_choice"] = tuned.describe() if tuned is not None else None
+    return switched
 
 
 def resolve_cpu_kernels(choice: str, dtype: torch.dtype, device: torch.device | str) -> bool:
@@ -387,10 +500,13 @@ __all__ = [
     "register_grouped_attention",
     "resolve_cpu_kernels",
     "SKINNY_MAX_ROWS",
+    "SkinnyChoice",
     "skinny_linear",
     "skinny_linear_available",
     "skinny_linear_unavailable_reason",
+    "tune_skinny_kernel",
     "unpack_linears",
     "use_grouped_attention",
+    "use_skinny_choice",
     "use_skinny_linear",
 ]

@@ -2,11 +2,13 @@
  *
  * A speculative round on CPU verifies k = 2..12 rows; those products are bound by streaming the weights. General
  * matrix-multiply kernels read the weights more than once for so few rows (MKL) or more slowly than a
- * matrix-vector product does (oneDNN). Here a block of R weight rows (R = 2 for up to 3 rows of x, else 1) meets up
- * to 14 rows of x held in L1; more rows take several passes, split evenly. The K loop runs 8 lanes at a time with a
- * scalar tail, and prefetches the weight stream PREFETCH floats ahead: without it the hardware prefetcher kept too
- * few lines in flight once a K step carried more than two FMAs (4 rows ran at 8 GB/s against 13 for one row; with
- * it 10-11, docs/cpu-kernels.md). Sums run in another order than MKL's: results agree to float32 rounding.
+ * matrix-vector product does (oneDNN). Here a block of R weight rows meets up to 14 rows of x held in L1; more rows
+ * take several passes, split evenly. R is 1 from 4 rows of x on; for 1-3 rows the caller picks 1 or 2 per row count
+ * (`pairs`) by timing both on the machine at hand (two won on an Intel Xeon, one on an AMD EPYC by a quarter:
+ * docs/cpu-kernels.md). The K loop runs 8 lanes at a time with a scalar tail, and prefetches the weight stream
+ * PREFETCH floats ahead: without it the hardware prefetcher kept too few lines in flight once a K step carried more
+ * than two FMAs (4 rows ran at 8 GB/s against 13 for one row; with it 10-11). Sums run in another order than MKL's:
+ * results agree to float32 rounding; each output is the same sum whatever the rows and R.
  * Single-threaded (torch runs it only at one intra-op thread). Built by carryover_hf.cpu_kernels on first use
  * (cc -O3 -mavx2 -mfma) and called through ctypes.
  */
@@ -58,25 +60,31 @@ __attribute__((always_inline)) static inline void pass(const float *x, const flo
   for (; n < N; ++n) block(x, w, bias, y, n, N, K, M, 1);
 }
 
-/* Weight rows per block by rows of x, measured (docs/cpu-kernels.md): two while they leave enough registers, one
- * from 4 rows on. */
+/* Weight rows per block by rows of x: one from 4 rows on (two would leave too few registers); for 1-3 rows two where
+ * bit (rows - 1) of `pairs` is set, else one. Every output is the same sum in the same order whatever M and R are. */
 #define CASE(M, R) \
   case M: pass(x, w, bias, y, N, K, M, R); break;
 
-static void columns(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t N, int64_t K) {
+static void columns(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t N, int64_t K,
+                    int64_t pairs) {
+  if (rows <= 3 && (pairs >> (rows - 1)) & 1) {
+    switch (rows) { CASE(1, 2) CASE(2, 2) CASE(3, 2) }
+    return;
+  }
   switch (rows) {
-    CASE(1, 2) CASE(2, 2) CASE(3, 2) CASE(4, 1) CASE(5, 1) CASE(6, 1) CASE(7, 1)
+    CASE(1, 1) CASE(2, 1) CASE(3, 1) CASE(4, 1) CASE(5, 1) CASE(6, 1) CASE(7, 1)
     CASE(8, 1) CASE(9, 1) CASE(10, 1) CASE(11, 1) CASE(12, 1) CASE(13, 1) CASE(14, 1)
   }
 }
 
-/* x: (M, K) row-major; w: (N, K) row-major; bias: (N,) or NULL; y: (M, N) row-major. */
-void skinny_linear(const float *x, const float *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K) {
+/* x: (M, K) row-major; w: (N, K) row-major; bias: (N,) or NULL; y: (M, N) row-major; pairs: see `columns`. */
+void skinny_linear(const float *x, const float *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                   int64_t pairs) {
   const int64_t passes = (M + MAX_ROWS_PER_PASS - 1) / MAX_ROWS_PER_PASS;
   int64_t done = 0;
   for (int64_t p = 0; p < passes; ++p) {
     const int64_t rows = (M - done) / (passes - p);
-    columns(x + done * K, w, bias, y + done * N, rows, N, K);
+    columns(x + done * K, w, bias, y + done * N, rows, N, K, pairs);
     done += rows;
   }
 }
