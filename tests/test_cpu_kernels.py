@@ -220,12 +220,19 @@ def test_use_grouped_attention_leaves_other_implementations_alone():
     assert target.config._attn_implementation == "sdpa"
 
 
+# The Intel default, and what the AMD EPYC chose (one row on the skinny kernel, one weight row per block): each
+# routes the target alone's steps and the verification rows through other kernels.
+CHOICES = {"default": SkinnyChoice(), "one-row-on-kernel": SkinnyChoice(one_row=True, two_weight_rows=(False,) * 3)}
+
+
+@pytest.mark.parametrize("choice", sorted(CHOICES))
 @pytest.mark.parametrize("kind", ["dflash", "markov"])
-def test_greedy_generation_with_all_cpu_kernels_is_identical(kind):
+def test_greedy_generation_with_all_cpu_kernels_is_identical(kind, choice):
     target = skew_towards_token(tiny_target("qwen3", vocab_size=16, seed=1), 3, 0.1)
     reference_target = copy.deepcopy(target)
     drafter = tiny_drafter(target, block_size=4, drafter_type=kind, seed=2)
     apply_cpu_kernels(target, drafter)
+    use_skinny_choice(CHOICES[choice])  # restored after the test (conftest)
     accepted = 0
     for i in range(6):
         prompt = torch.randint(0, 16, (1, 2 + i), generator=torch.Generator().manual_seed(i))

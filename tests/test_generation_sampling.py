@@ -176,18 +176,22 @@ def test_sampling_keeps_target_distribution_with_lookup_backoff(target, monkeypa
     assert_matches(samples, exact_distribution(target, SETTINGS["temperature"]))
 
 
-def test_sampling_keeps_target_distribution_with_cpu_kernels(target):
-    """Target and drafter on the CPU kernels (`carryover_hf.tools.cpu_kernels`: oneDNN packed linears, grouped-query
-    attention for the target): the distribution is still exact."""
+@pytest.mark.parametrize("one_row_on_kernel", [False, True])
+def test_sampling_keeps_target_distribution_with_cpu_kernels(target, one_row_on_kernel):
+    """Target and drafter on the CPU kernels (`carryover_hf.tools.cpu_kernels`: oneDNN packed linears and the skinny
+    kernel, grouped-query attention for the target), with one row on `F.linear` or, as the AMD EPYC chose, on the
+    skinny kernel with one weight row per block: the distribution is still exact."""
     import copy
 
-    from carryover_hf.tools.cpu_kernels import apply_cpu_kernels, packed_linears_available
+    from carryover_hf.tools.cpu_kernels import SkinnyChoice, apply_cpu_kernels, packed_linears_available, use_skinny_choice
 
     if not packed_linears_available():
         pytest.skip("this PyTorch build has no oneDNN")
     packed_target = copy.deepcopy(target)
     drafter = tiny_drafter(packed_target, block_size=4, seed=12)
     switched = apply_cpu_kernels(packed_target, drafter)
+    if one_row_on_kernel:  # the conftest restores the default after the test
+        use_skinny_choice(SkinnyChoice(one_row=True, two_weight_rows=(False, False, False)))
     assert switched["packed_linears"] > 0 and switched["grouped_attention"]
     samples, acceptance = sample_with_drafter(packed_target, drafter, SETTINGS["temperature"])
     assert acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
