@@ -315,7 +315,7 @@ def test_one_row_goes_to_the_skinny_kernel_only_where_the_choice_says(monkeypatc
     original = kernels._skinny_product
     monkeypatch.setattr(kernels, "_skinny_product", lambda x, *a, **k: used.append(x.shape[0]) or original(x, *a, **k))
     threads = torch.get_num_threads()
-    previous = use_skinny_choice(SkinnyChoice(one_row=True, two_weight_rows=(False, True, False)))
+    use_skinny_choice(SkinnyChoice(one_row=True, two_weight_rows=(False, True, False)))  # the conftest restores it
     try:
         torch.set_num_threads(1)
         x = torch.randn(1, 1, 40)
@@ -327,7 +327,6 @@ def test_one_row_goes_to_the_skinny_kernel_only_where_the_choice_says(monkeypatc
             use_skinny_choice(SkinnyChoice())
             packed(x)
     finally:
-        use_skinny_choice(previous)
         torch.set_num_threads(threads)
     assert used == [1]
     assert SkinnyChoice(one_row=True, two_weight_rows=(False, True, False)).pairs == 0b010
@@ -340,8 +339,7 @@ def test_tune_skinny_kernel_times_the_models_weights_and_uses_the_choice():
 
     model = nn.Sequential(*(nn.Linear(512, 1024, bias=False) for _ in range(4)))  # 8 MB of float32 weights
     threads = torch.get_num_threads()
-    previous = use_skinny_choice(SkinnyChoice())
-    try:
+    try:  # every test starts from the default choice and gets it back (conftest)
         torch.set_num_threads(1)
         assert tune_skinny_kernel(model) is None  # under 64 MB: cache-resident, says nothing; nothing changes
         assert kernels._Skinny.choice == SkinnyChoice()
@@ -351,7 +349,6 @@ def test_tune_skinny_kernel_times_the_models_weights_and_uses_the_choice():
         torch.set_num_threads(2)
         assert tune_skinny_kernel(model, min_bytes=1 << 20, repeats=1) is None  # the kernel runs at one thread only
     finally:
-        use_skinny_choice(previous)
         torch.set_num_threads(threads)
 
 
