@@ -6,6 +6,7 @@ compute and benchmarked, and the report writes the curve. Bad settings fail befo
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -167,6 +168,15 @@ def test_a_resume_with_other_settings_or_bad_settings_is_refused(dataset, tmp_pa
     with pytest.raises(UsageError, match="no campaign"):
         Campaign(tmp_path / "f").load_config()
     assert not (tmp_path / "d").exists()
+    # The carryover comparison's settings never touch the trunk: a resume may change them (and records that it did).
+    with pytest.raises(UsageError, match="other settings .*milestone_prompts_per_category"):
+        campaign.create_or_check(config_for(dataset, carry_steps=5, milestone_prompts_per_category=1))
+    with pytest.raises(UsageError, match="carry_steps needs milestone_prompts_per_category"):
+        campaign.create_or_check(config_for(dataset, carry_steps=5))
+    changed = campaign.create_or_check(config_for(dataset, carry_num_anchors=2, carry_learning_rate=1e-3))
+    assert (changed.carry_num_anchors, changed.carry_learning_rate) == (2, 1e-3) and campaign.load_config() == changed
+    assert json.loads(campaign.config_path.read_text())["changes"][-1]["changed"] == ["carry_learning_rate",
+                                                                                     "carry_num_anchors"]
 
 
 def test_rows_that_answer_a_held_out_prompt_again_are_not_trained_on():
@@ -212,3 +222,77 @@ def test_a_campaign_goes_on_elsewhere_from_an_exported_milestone(target, dataset
     assert not (tmp_path / "other").exists()
     with pytest.raises(UsageError, match="already has a trunk"):
         campaign_module._start(moved, None, False, str(export))
+
+
+def test_carryover_is_compared_with_its_step_matched_continued_baseline_at_each_milestone(target, dataset, prompts,
+                                                                                          tmp_path, monkeypatch):  # fmt: skip
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(campaign_module.time, "process_time", lambda: 0.5 * next(ticks))
+    config = config_for(dataset, prompts, first_milestone_core_hours=2 / 3600, milestone_prompts_per_category=1,
+                        milestone_decay_fraction=0.25, milestone_min_decay_steps=2, carry_steps=3,
+                        carry_num_anchors=2, carry_learning_rate=5e-3)  # fmt: skip
+    campaign = start(tmp_path / "c", config)
+    run(campaign.dir, target=target, progress=False, stop_after_steps=4)
+
+    milestones = campaign.milestones()
+    assert milestones and all("carry" in m for m in milestones)
+    folder = campaign.dir / "milestones" / "m00"
+    start_weights = load_file(str(folder / "model.safetensors"))
+    branches = {name: load_file(str(folder / "carry" / name / "model.safetensors")) for name in ("carryover", "continued")}
+    configs = {name: json.loads((folder / "carry" / name / "config.json").read_text()) for name in branches}
+    assert configs["carryover"]["trained_with_carryover"] and not configs["continued"]["trained_with_carryover"]
+    # Both branches start from the milestone: E_carry trains only in the carryover branch, everything else moves in both.
+    carry_names = [n for n in start_weights if "carry_embedding" in n]
+    assert carry_names
+    for n in carry_names:
+        assert not torch.equal(branches["carryover"][n], start_weights[n])
+        assert torch.equal(branches["continued"][n], start_weights[n])
+    for branch in branches.values():
+        assert any(not torch.equal(branch[n], start_weights[n]) for n in start_weights if n not in carry_names)
+    record = milestones[0]["carry"]
+    assert [record["branches"][name]["steps"] for name in ("carryover", "continued")] == [3, 3]
+    assert all(b["eval_tau"] >= 1 for b in record["branches"].values())
+    pair = record["bench"]["T=0"]["comparisons"]["carryover/carry_on vs continued/carry_off"]
+    assert pair["acceptance_length_relative_gain"]["estimate"] is not None and pair["speed_ratio"]["estimate"] > 0
+    assert set(record["bench"]["T=0"]["methods"]) >= {"target", "carryover/carry_on", "continued/carry_off"}
+    for shares in record["attention"].values():
+        assert shares["proposals"] > 0 and 0 <= (shares["carry_share"] or 0) <= 1
+    assert not (folder / "carry" / "carryover" / "run").exists()
+    data = write_report(campaign, tmp_path / "report")
+    assert "step-matched continued baseline" in (tmp_path / "report" / "curve.md").read_text()
+    assert {p.name for p in (tmp_path / "report" / "carry-m00").iterdir()} == {"carry.json", "results.md"}
+    assert data["milestones"][0]["carry"] == record
+
+
+def test_a_carryover_comparison_cut_short_by_a_stop_is_taken_when_the_campaign_resumes(target, dataset, prompts,
+                                                                                       tmp_path, monkeypatch):  # fmt: skip
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(campaign_module.time, "process_time", lambda: 0.5 * next(ticks))
+    config = config_for(dataset, prompts, first_milestone_core_hours=2 / 3600, milestone_prompts_per_category=1,
+                        milestone_decay_fraction=0.25, milestone_min_decay_steps=2)  # fmt: skip
+    campaign = start(tmp_path / "c", config)
+    run(campaign.dir, target=target, progress=False, stop_after_steps=2)  # a milestone, no comparison (carry_steps 0)
+    assert campaign.milestones() and "carry" not in campaign.milestones()[-1]
+
+    # A stop during the first branch: nothing is recorded, the cut branch is not kept.
+    campaign.create_or_check(config_for(dataset, prompts, first_milestone_core_hours=2 / 3600, milestone_decay_fraction=0.25,
+                                        milestone_prompts_per_category=1, milestone_min_decay_steps=2, carry_steps=3,
+                                        carry_num_anchors=2))  # fmt: skip
+    stop = campaign_module.StopRequest()
+    stop()
+    trainers = campaign_module._Trainers(campaign.load_config(), target, None, *_stores(campaign), campaign.dir / "trunk")
+    assert campaign_module.compare_carryover(campaign, campaign.load_config(), trainers, campaign.milestones()[-1], stop,
+                                             progress=False) is None  # fmt: skip
+    newest = campaign.milestones()[-1]
+    assert "carry" not in newest
+    assert not (Path(newest["folder"]) / "carry" / "carryover" / "branch.json").exists()
+    # The next run takes the newest milestone's comparison before the trunk goes on.
+    run(campaign.dir, target=target, progress=False, stop_after_steps=3)
+    assert "carry" in next(m for m in campaign.milestones() if m["index"] == newest["index"])
+
+
+def _stores(campaign):
+    from carryover_hf.training.feature_store import FeatureStore
+
+    train = sorted(p for p in campaign.dir.glob("features-train*"))
+    return FeatureStore(train), FeatureStore([campaign.dir / "features-eval"])

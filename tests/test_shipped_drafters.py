@@ -19,8 +19,8 @@ from carryover_hf.tools.demo import DEFAULT_DRAFTER, SHIPPED_DRAFTERS, resolve_d
 from carryover_hf.targets import TARGET_ALIASES
 
 # Every drafter committed under drafters/ is checked here; its name says what it must be:
-# smollm2-135m-<baseline|continued|carryover>-<dflash|markov>, and only "carryover" ones were trained with the
-# draft-verify-draft objective.
+# smollm2-135m-<baseline|continued|carryover|campaign>-<dflash|markov>, and only "carryover" ones were trained with
+# the draft-verify-draft objective ("campaign": a milestone of the training campaign, docs/training.md).
 SHIPPED = sorted(f"{p.parent.name}/{p.name}" for p in SHIPPED_DRAFTERS.glob("*/*") if p.is_dir())
 REQUIRED = [f"carryover-hf/smollm2-135m-{role}-dflash" for role in ("baseline", "continued", "carryover")]
 # The proposal defaults the release scripts publish every drafter with (one file, sourced by both scripts).
@@ -31,7 +31,7 @@ PROPOSAL_DEFAULTS = dict(re.findall(r"^SMOLLM2_(\w+)=(\w+)$", DEFAULTS_FILE.read
 def naming(repo_id: str) -> tuple[bool, str]:
     """(trained with carryover, drafter kind) that the repo's name promises."""
     role, kind = repo_id.rsplit("/", 1)[1].removeprefix("smollm2-135m-").split("-")
-    assert role in ("baseline", "continued", "carryover") and kind in ("dflash", "markov"), repo_id
+    assert role in ("baseline", "continued", "carryover", "campaign") and kind in ("dflash", "markov"), repo_id
     return role == "carryover", kind
 
 

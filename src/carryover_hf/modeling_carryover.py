@@ -192,7 +192,7 @@ class CarryoverDrafterLayer(GradientCheckpointingLayer):
 def _find_sorted(table: torch.LongTensor, token_ids: torch.LongTensor) -> tuple[torch.LongTensor, torch.BoolTensor]:
     """Position of each of `token_ids` in the sorted id `table`, and whether it is there (positions of absent ids
     are meaningless: callers mask them)."""
-    position = torch.searchsorted(table, token_ids).clamp(max=table.numel() - 1)
+    position = torch.searchsorted(table, token_ids.contiguous()).clamp(max=table.numel() - 1)
     return position, table[position] == token_ids
 
 

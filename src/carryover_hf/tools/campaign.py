@@ -27,6 +27,10 @@ The loop (`run`) does, each time it starts:
    `milestone_prompts_per_category` is 0, benchmarked as the drafter alone (carry off, no lookup, no backoff) against
    the target alone on held-out prompts of the eval split, at each of `milestone_temperatures`, in the same process
    and thread (`carryover_hf.tools.bench.run_benchmark`).
+4. **Carryover on the curve** (`carry_steps` > 0): from each milestone, a carryover branch and its step-matched
+   continued baseline (`compare_carryover`), benchmarked against each other and probed for the carry rows' attention
+   share; a comparison a stop cut short, or the newest milestone's when `carry_steps` is first set, is taken when the
+   loop starts, before the trunk goes on.
 
 `report` turns the trunk's log history and the milestones into `curve.json`, `curve.md` and `curve.png`.
 """
@@ -54,6 +58,10 @@ MILESTONES_FILE = "milestones.json"
 CHECKPOINT_STATE = "campaign_state.json"
 EXPORT_STATE = "campaign_state.json"  # beside an exported milestone: what a campaign moved to another machine needs
 TRUNK = "trunk"
+CARRY = "carry"  # in a milestone's folder: its carryover comparison
+BRANCH_RECORD = "branch.json"
+# Settings a resume may change: they only shape the carryover comparisons taken from milestones, never the trunk.
+RESUMABLE_CHANGES = ("carry_steps", "carry_learning_rate", "carry_num_anchors")
 
 
 @dataclass
@@ -100,6 +108,14 @@ class CampaignConfig:
     milestone_prompts_per_category: int = 2
     milestone_temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
     milestone_max_new_tokens: int = 128
+    # Carryover on the curve: from each milestone, two branches of carry_steps steps on the same batches and anchors,
+    # one with the carryover objective, one with the dflash objective (the step-matched continued baseline), each with
+    # a 10 % warm-up and a cosine to 0 from carry_learning_rate; then both benchmarked on the milestone's prompts
+    # (carryover with carry on against the continued baseline with carry off and on) and probed for the attention
+    # share on carry rows. 0: no comparison. These settings never touch the trunk, so a resume may change them.
+    carry_steps: int = 0
+    carry_learning_rate: float = 3e-4
+    carry_num_anchors: int = 16
 
     def validate(self) -> None:
         if self.drafter_type not in ("dflash", "markov"):
@@ -118,6 +134,10 @@ class CampaignConfig:
             raise UsageError("milestone_decay_fraction must lie in [0, 1) and milestone_min_decay_steps be >= 0.")
         if self.milestone_prompts_per_category < 0:
             raise UsageError("milestone_prompts_per_category must be 0 (no benchmark) or more.")
+        if self.carry_steps < 0 or self.carry_num_anchors < 1 or self.carry_learning_rate <= 0:
+            raise UsageError("carry_steps must be >= 0, carry_num_anchors >= 1 and carry_learning_rate positive.")
+        if self.carry_steps and not self.milestone_prompts_per_category:
+            raise UsageError("carry_steps needs milestone_prompts_per_category >= 1: the comparison is benchmarked.")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "CampaignConfig":
@@ -153,10 +173,20 @@ class Campaign:
             saved = self.load_config()
             if config is not None and _absolute(config) != saved:
                 changed = sorted(k for k, v in asdict(_absolute(config)).items() if asdict(saved)[k] != v)
-                raise UsageError(
-                    f"{self.dir} holds a campaign with other settings ({', '.join(changed)}); resume it without "
-                    "--config, or start another in a new --dir."
-                )
+                fixed = [k for k in changed if k not in RESUMABLE_CHANGES]
+                if fixed:
+                    raise UsageError(
+                        f"{self.dir} holds a campaign with other settings ({', '.join(fixed)}); resume it without "
+                        f"--config, or start another in a new --dir (only {', '.join(RESUMABLE_CHANGES)} may change)."
+                    )
+                config = _absolute(config)
+                config.validate()
+                record = json.loads(self.config_path.read_text())
+                record["config"] = asdict(config)
+                record.setdefault("changes", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "changed": changed})
+                self.config_path.write_text(json.dumps(record, indent=2) + "\n")
+                print(f"campaign {config.name}: settings changed on resume: {', '.join(changed)}")
+                return config
             return saved
         config = _absolute(config or CampaignConfig())
         config.validate()
@@ -421,7 +451,8 @@ class _Trainers:
             draft_vocab_size=config.draft_vocab_size, init_from_target=config.init_from_target,
         )  # fmt: skip
 
-    def __call__(self, args, callbacks):
+    def __call__(self, args, callbacks, weights: Path | None = None):
+        """A trainer with `args`; its drafter starts from `weights` (a saved drafter folder) when given."""
         from transformers import set_seed
 
         from ..training import cli as train_cli
@@ -432,12 +463,13 @@ class _Trainers:
                 train_cli._draft_vocabulary(self.model_args, drafter, self.train_rows, self.eval_rows, str(self.vocabulary_dir))
 
         set_seed(self.config.seed)
-        if self.seed_folder is not None:  # a campaign moved to this machine: the exported milestone's weights
+        start = weights if weights is not None else self.seed_folder  # else: the exported milestone of a moved campaign
+        if start is not None:
             import torch
 
             from ..modeling_carryover import CarryoverDrafterModel
 
-            drafter = CarryoverDrafterModel.from_pretrained(self.seed_folder, dtype=torch.float32)
+            drafter = CarryoverDrafterModel.from_pretrained(start, dtype=torch.float32)
         else:
             drafter = train_cli._build_drafter(self.model_args, self.target, self.train_rows.target_layer_ids, vocabulary)
         return CarryoverTrainer(model=drafter, target_model=self.target, args=args, train_dataset=self.train_rows,
@@ -471,7 +503,10 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
     stop = StopRequest()
     previous = signal.signal(signal.SIGTERM, stop)  # stop: checkpoint after the current step
     try:
-        while True:
+        newest = campaign.milestones()[-1:]
+        if config.carry_steps and newest and CARRY not in newest[0] and "inherited_from" not in newest[0]:
+            compare_carryover(campaign, config, trainers, newest[0], stop, progress)  # taken at a restart
+        while not stop.requested:
             last = get_last_checkpoint(str(trunk)) if trunk.is_dir() else None
             clock = CoreHours(_core_seconds_at(last) if last or not seed else 3600.0 * seed["core_hours"])
             index = len(campaign.milestones())
@@ -484,7 +519,10 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
             step = trainer.state.global_step
             print(f"campaign {config.name}: trunk at step {step}, {clock.hours():.3f} core-hours", flush=True)
             if callback.milestone_due:
-                record_milestone(campaign, config, trainers, index, trunk / f"checkpoint-{step}", clock.hours(), progress)
+                record = record_milestone(campaign, config, trainers, index, trunk / f"checkpoint-{step}", clock.hours(),
+                                          progress)  # fmt: skip
+                if config.carry_steps and not stop.requested:
+                    compare_carryover(campaign, config, trainers, record, stop, progress)
             if stop.requested or not callback.milestone_due:
                 break
     finally:
@@ -537,6 +575,14 @@ def record_milestone(campaign: Campaign, config: CampaignConfig, trainers: "_Tra
 
 def benchmark_milestone(config: CampaignConfig, folder: Path, target, tokenizer, progress: bool = True) -> dict:
     """The milestone drafter alone (carry off, no lookup, no backoff) against the target alone, per temperature."""
+    report = _benchmark(config, {"drafter": folder}, ["carry_off"], [], folder / "bench", target, tokenizer, progress)
+    return _milestone_summary(report)
+
+
+def _benchmark(config: CampaignConfig, folders: dict[str, Path], methods: list[str], compare: list[str], output: Path,
+               target, tokenizer, progress: bool) -> dict:  # fmt: skip
+    """Drafters (name -> folder) as the drafter alone (every round a proposal: no lookup, no backoff) against the
+    target alone on the milestone prompts, in the campaign's own process and thread, CPU kernels on where they build."""
     import copy
 
     from ..modeling_carryover import CarryoverDrafterModel
@@ -547,19 +593,18 @@ def benchmark_milestone(config: CampaignConfig, folder: Path, target, tokenizer,
     prompts = load_prompts(config.milestone_prompts or str(default_suite_dir()), split="eval",
                            num_per_category=config.milestone_prompts_per_category)  # fmt: skip
     bench_target = copy.deepcopy(target).eval()
-    drafter = CarryoverDrafterModel.from_pretrained(folder, dtype=bench_target.dtype).eval()
+    drafters = {name: CarryoverDrafterModel.from_pretrained(folder, dtype=bench_target.dtype).eval()
+                for name, folder in folders.items()}  # fmt: skip
     kernels = resolve_cpu_kernels("auto", bench_target.dtype, bench_target.device)
     if kernels:
-        apply_cpu_kernels(bench_target, drafter)
-    settings = BenchmarkSettings(temperatures=list(config.milestone_temperatures), methods=["carry_off"],
+        apply_cpu_kernels(bench_target, *drafters.values())
+    settings = BenchmarkSettings(temperatures=list(config.milestone_temperatures), methods=methods, compare=compare,
                                  max_new_tokens=config.milestone_max_new_tokens, overhead=False, warmup=1,
                                  bootstrap_resamples=2000)  # fmt: skip
     # A milestone retaken after a stop measures again from scratch (overwrite): a bench cut short by the stop ran on
     # another session's machine load, and its timings are not mixed with this one's.
-    report = run_benchmark(bench_target, {"drafter": drafter}, prompts, tokenizer, settings, output_dir=str(folder / "bench"),
-                           progress=progress, native_dflash=None, run_info={"cpu_kernels": kernels},
-                           overwrite=True)  # fmt: skip
-    return _milestone_summary(report)
+    return run_benchmark(bench_target, drafters, prompts, tokenizer, settings, output_dir=str(output), progress=progress,
+                         native_dflash=None, run_info={"cpu_kernels": kernels}, overwrite=True)  # fmt: skip
 
 
 def _milestone_summary(report: dict) -> dict:
@@ -579,6 +624,126 @@ def _milestone_summary(report: dict) -> dict:
                                              if categories else None),
         }  # fmt: skip
     return summary
+
+
+# -- step 4: carryover on the curve ------------------------------------------------------------------------------------
+CARRY_BRANCHES = (("carryover", "carryover"), ("continued", "dflash"))  # branch name, objective
+CARRY_COMPARISONS = (("carryover/carry_on", "continued/carry_off"), ("carryover/carry_on", "continued/carry_on"),
+                     ("continued/carry_on", "continued/carry_off"))  # fmt: skip
+
+
+def _stop_callback(stop: StopRequest):
+    from transformers import TrainerCallback
+
+    class StopCallback(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if stop.requested:
+                control.should_training_stop = True
+
+    return StopCallback()
+
+
+def compare_carryover(campaign: Campaign, config: CampaignConfig, trainers: "_Trainers", milestone: dict,
+                      stop: StopRequest | None = None, progress: bool = True) -> dict | None:  # fmt: skip
+    """Carryover against its step-matched continued baseline, from a milestone's weights: two branches of
+    `carry_steps` steps on the same batches and anchors (the carryover objective; the dflash objective), benchmarked
+    against each other (carryover with carry on against the continued baseline with carry off and on, paired over
+    the milestone prompts) and probed for the attention share on carry rows. A branch trained before a stop is kept;
+    one cut short is trained again. Returns the record (also saved in the milestone), or None if stopped first."""
+    import shutil
+
+    stop = stop or StopRequest()
+    folder = Path(milestone["folder"])
+    out = folder / CARRY
+    branches: dict[str, dict] = {}
+    for name, objective in CARRY_BRANCHES:
+        branch = out / name
+        if not (branch / BRANCH_RECORD).is_file():
+            started = time.process_time()
+            args = training_arguments(config, branch / "run", objective=objective, max_steps=config.carry_steps,
+                                      learning_rate=config.carry_learning_rate, lr_scheduler_type="cosine",
+                                      warmup_steps=max(1, config.carry_steps // 10), num_anchors=config.carry_num_anchors,
+                                      eval_strategy="no", save_strategy="no")  # fmt: skip
+            trainer = trainers(args, [_stop_callback(stop)], weights=folder)
+            print(f"campaign: milestone {milestone['index']}: {name} branch ({objective} objective), "
+                  f"{config.carry_steps} steps", flush=True)  # fmt: skip
+            trainer.train()
+            if stop.requested:
+                return None
+            evaluation = trainer.evaluate()
+            trainer.save_model(str(branch))
+            _write_json(branch / BRANCH_RECORD, {
+                "objective": objective, "steps": trainer.state.global_step,
+                "core_hours": round((time.process_time() - started) / 3600.0, 5),
+                "eval_tau": evaluation.get("eval_tau_teacher_forced"), "eval_loss": evaluation.get("eval_loss"),
+                "eval_first_draft_tau": evaluation.get("eval_first_draft_tau"),
+            })  # fmt: skip
+            shutil.rmtree(branch / "run", ignore_errors=True)
+        branches[name] = json.loads((branch / BRANCH_RECORD).read_text())
+    if stop.requested:
+        return None
+    folders = {name: out / name for name, _ in CARRY_BRANCHES}
+    report = _benchmark(config, folders, ["carry_off", "carry_on"], [f"{a},{b}" for a, b in CARRY_COMPARISONS],
+                        out / "bench", trainers.target, trainers.tokenizer, progress)  # fmt: skip
+    record = {"steps": config.carry_steps, "learning_rate": config.carry_learning_rate,
+              "num_anchors": config.carry_num_anchors, "branches": branches, "bench": _carry_summary(report),
+              "attention": _carry_attention(config, folders, trainers.target, trainers.tokenizer)}  # fmt: skip
+    _write_json(out / "carry.json", record)
+    milestone = {**milestone, CARRY: record}
+    campaign.add_milestone(milestone)
+    print(f"campaign: milestone {milestone['index']} carryover comparison: {_carry_line(record)}", flush=True)
+    return record
+
+
+def _carry_summary(report: dict) -> dict:
+    """Per temperature: each method's tau and speedup, and the paired comparisons (acceptance length gain, speed)."""
+    from .bench.report import OVERALL
+
+    summary = {}
+    for block in report["results"]:
+        overall = {method: groups[OVERALL] for method, groups in block["summary"].items()}
+        pairs = {f"{c['a']} vs {c['b']}": {"acceptance_length_relative_gain": c[OVERALL]["acceptance_length_relative_gain"],
+                                           "speed_ratio": c[OVERALL].get("speed_ratio")}
+                 for c in block["comparisons"] if (c["a"], c["b"]) in CARRY_COMPARISONS}  # fmt: skip
+        summary[f"T={block['temperature']:g}"] = {
+            "prompts": block["prompts"],
+            "methods": {m: {"tau": g.get("acceptance_length_micro"), "speedup": g.get("speedup")} for m, g in overall.items()},
+            "comparisons": pairs,
+        }  # fmt: skip
+    return summary
+
+
+def _carry_attention(config: CampaignConfig, folders: dict[str, Path], target, tokenizer) -> dict:
+    """The attention share of carry rows in each branch's proposals (greedy, carry on, the milestone prompts)."""
+    import torch
+
+    from ..modeling_carryover import CarryoverDrafterModel
+    from .bench.prompts import default_suite_dir, encode_prompt, load_prompts
+    from .carry_probe import attention_shares
+
+    prompts = load_prompts(config.milestone_prompts or str(default_suite_dir()), split="eval",
+                           num_per_category=config.milestone_prompts_per_category)  # fmt: skip
+    encoded = [encode_prompt(p, tokenizer) for p in prompts]
+    shares = {}
+    for name, folder in folders.items():
+        drafter = CarryoverDrafterModel.from_pretrained(folder, dtype=torch.float32).eval()
+        result = attention_shares(target, drafter, encoded, config.milestone_max_new_tokens)
+        shares[name] = {k: v for k, v in result.items() if k != "layers"}
+    return shares
+
+
+def _carry_line(record: dict) -> str:
+    """A carryover comparison in one line: per temperature, the acceptance-length gain and speed ratio of carryover
+    (carry on) over the continued baseline (carry off), and the carry rows' attention share of each branch."""
+    parts = []
+    for temperature, block in record["bench"].items():
+        pair = block["comparisons"].get("carryover/carry_on vs continued/carry_off") or {}
+        gain = pair.get("acceptance_length_relative_gain") or {}
+        gain_text = (f"{100 * gain['estimate']:+.1f} % [{100 * gain['ci_low']:+.1f}, {100 * gain['ci_high']:+.1f}]"
+                     if gain.get("ci_low") is not None else "–")  # fmt: skip
+        parts.append(f"{temperature}: τ {gain_text}, speed {_estimate(pair.get('speed_ratio'))}x")
+    shares = ", ".join(f"{name} {(a.get('carry_share') or 0):.3f}" for name, a in record["attention"].items())
+    return "; ".join(parts) + f"; carry attention share {shares}"
 
 
 # -- report -----------------------------------------------------------------------------------------------------------
@@ -611,8 +776,25 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> 
         for m in data["milestones"]:
             bench = _bench_summary(m)
             lines.append(f"| {m['index']} | {m['step']} | {m['core_hours']:.3f} | {bench or 'not benchmarked'} |")
+    compared = [m for m in data["milestones"] if CARRY in m]
+    if compared:
+        lines += ["", "Carryover (carry on) against the step-matched continued baseline (carry off), from each milestone:",
+                  "", "| milestone | steps per branch | held-out τ: carryover's first draft / its draft after a rejection, "
+                  "with carry / continued | comparison |", "| --- | --- | --- | --- |"]  # fmt: skip
+        for m in compared:
+            c = m[CARRY]
+            carryover, continued = (c["branches"][name] for name, _ in CARRY_BRANCHES)
+            taus = f"{carryover['eval_first_draft_tau']:.3f} / {carryover['eval_tau']:.3f} / {continued['eval_tau']:.3f}"
+            lines.append(f"| {m['index']} | {c['steps']} | {taus} | {_carry_line(c)} |")
+        lines += ["", "Each comparison's record and bench table: `carry-mNN/` (carry.json, results.md)."]
     (out / "curve.md").write_text("\n".join(lines) + "\n")
     _plot(data, out / "curve.png")
+    for m in compared:  # each comparison's record and bench table beside the curve (its runs stay in the campaign)
+        source, kept = Path(m["folder"]) / CARRY, out / f"carry-m{m['index']:02d}"
+        kept.mkdir(exist_ok=True)
+        for name in ("carry.json", "bench/results.md"):
+            if (source / name).is_file():
+                shutil.copy2(source / name, kept / Path(name).name)
     if weights is not None and data["milestones"]:
         newest = data["milestones"][-1]
         source = Path(newest["folder"])
@@ -715,6 +897,8 @@ def _status(campaign: Campaign) -> int:
     for m in campaign.milestones():
         print(f"  milestone {m['index']}: step {m['step']}, {m['core_hours']:.3f} core-hours, held-out tau "
               f"{m.get('eval_tau')}; drafter alone {_bench_summary(m) or 'not benchmarked'}")  # fmt: skip
+        if CARRY in m:
+            print(f"    carryover against the continued baseline ({m[CARRY]['steps']} steps each): {_carry_line(m[CARRY])}")
     return 0
 
 
