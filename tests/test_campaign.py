@@ -16,6 +16,7 @@ from carryover_hf.errors import UsageError
 from carryover_hf.tools import campaign as campaign_module
 from carryover_hf.tools.campaign import Campaign, CampaignConfig, milestone_core_hours, run, write_report
 from carryover_hf.tools.testing import tiny_target
+from carryover_hf.training.feature_store import FeatureStore
 from carryover_hf.training.synthetic import regenerate_random_prompts
 
 
@@ -280,7 +281,9 @@ def test_a_carryover_comparison_cut_short_by_a_stop_is_taken_when_the_campaign_r
                                         carry_num_anchors=2))  # fmt: skip
     stop = campaign_module.StopRequest()
     stop()
-    trainers = campaign_module._Trainers(campaign.load_config(), target, None, *_stores(campaign), campaign.dir / "trunk")
+    stores = campaign_module.build_stores(campaign, campaign.load_config(), target, progress=False)  # built already
+    trainers = campaign_module._Trainers(campaign.load_config(), target, None, FeatureStore(stores["train"]),
+                                         FeatureStore(stores["eval"]), campaign.dir / "trunk")  # fmt: skip
     assert campaign_module.compare_carryover(campaign, campaign.load_config(), trainers, campaign.milestones()[-1], stop,
                                              progress=False) is None  # fmt: skip
     newest = campaign.milestones()[-1]
@@ -289,10 +292,3 @@ def test_a_carryover_comparison_cut_short_by_a_stop_is_taken_when_the_campaign_r
     # The next run takes the newest milestone's comparison before the trunk goes on.
     run(campaign.dir, target=target, progress=False, stop_after_steps=3)
     assert "carry" in next(m for m in campaign.milestones() if m["index"] == newest["index"])
-
-
-def _stores(campaign):
-    from carryover_hf.training.feature_store import FeatureStore
-
-    train = sorted(p for p in campaign.dir.glob("features-train*"))
-    return FeatureStore(train), FeatureStore([campaign.dir / "features-eval"])

@@ -579,6 +579,15 @@ def benchmark_milestone(config: CampaignConfig, folder: Path, target, tokenizer,
     return _milestone_summary(report)
 
 
+def _milestone_prompts(config: CampaignConfig) -> list:
+    """The held-out prompts milestones are measured on: `milestone_prompts_per_category` of each category of the eval
+    split of `milestone_prompts` (default: the shipped suites)."""
+    from .bench.prompts import default_suite_dir, load_prompts
+
+    return load_prompts(config.milestone_prompts or str(default_suite_dir()), split="eval",
+                        num_per_category=config.milestone_prompts_per_category)  # fmt: skip
+
+
 def _benchmark(config: CampaignConfig, folders: dict[str, Path], methods: list[str], compare: list[str], output: Path,
                target, tokenizer, progress: bool) -> dict:  # fmt: skip
     """Drafters (name -> folder) as the drafter alone (every round a proposal: no lookup, no backoff) against the
@@ -586,12 +595,10 @@ def _benchmark(config: CampaignConfig, folders: dict[str, Path], methods: list[s
     import copy
 
     from ..modeling_carryover import CarryoverDrafterModel
-    from .bench.prompts import default_suite_dir, load_prompts
     from .bench.runner import BenchmarkSettings, run_benchmark
     from .cpu_kernels import apply_cpu_kernels, resolve_cpu_kernels
 
-    prompts = load_prompts(config.milestone_prompts or str(default_suite_dir()), split="eval",
-                           num_per_category=config.milestone_prompts_per_category)  # fmt: skip
+    prompts = _milestone_prompts(config)
     bench_target = copy.deepcopy(target).eval()
     drafters = {name: CarryoverDrafterModel.from_pretrained(folder, dtype=bench_target.dtype).eval()
                 for name, folder in folders.items()}  # fmt: skip
@@ -718,12 +725,10 @@ def _carry_attention(config: CampaignConfig, folders: dict[str, Path], target, t
     import torch
 
     from ..modeling_carryover import CarryoverDrafterModel
-    from .bench.prompts import default_suite_dir, encode_prompt, load_prompts
+    from .bench.prompts import encode_prompt
     from .carry_probe import attention_shares
 
-    prompts = load_prompts(config.milestone_prompts or str(default_suite_dir()), split="eval",
-                           num_per_category=config.milestone_prompts_per_category)  # fmt: skip
-    encoded = [encode_prompt(p, tokenizer) for p in prompts]
+    encoded = [encode_prompt(p, tokenizer) for p in _milestone_prompts(config)]
     shares = {}
     for name, folder in folders.items():
         drafter = CarryoverDrafterModel.from_pretrained(folder, dtype=torch.float32).eval()
