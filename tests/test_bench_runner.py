@@ -439,6 +439,24 @@ def test_rules_and_policy_run_what_a_plain_generate_call_runs(models):
     assert profile["planning_per_target_step"]["estimate"] > 0
 
 
+def test_policy_alone_runs_the_cost_policy_with_the_drafter_as_its_only_source(models):
+    """`policy_alone` (asked for by name: not in the default methods) is `round_policy="cost"` with
+    `suffix_match=False`: never more drafts than a block holds, compared with full blocks and with the policy."""
+    target, drafters = models
+    drafter = drafters["d"]
+    assert "policy_alone" not in BenchmarkSettings().methods
+    settings = BenchmarkSettings(temperatures=[0.0], max_new_tokens=16, verification_cost="flat", warmup=0,
+                                 methods=["target", "carry_on", "policy", "policy_alone"], bootstrap_resamples=200,
+                                 overhead=False)  # fmt: skip
+    report = run_benchmark(target, {"d": drafter}, tiny_prompts(3, vocab_size=VOCAB), settings=settings, progress=False)
+    assert [m["name"] for m in report["methods"]] == ["target", "d/carry_on", "d/policy", "d/policy_alone"]
+    assert report["correctness"]["passed"]
+    runs = [r["draft_lengths"] for r in report["runs"] if r["method"] == "d/policy_alone"]
+    assert all(1 <= n <= drafter.config.block_size - 1 for lengths in runs for n in lengths[:-1]), runs
+    pairs = {(c["a"], c["b"]) for c in report["results"][0]["comparisons"]}
+    assert {("d/policy_alone", "d/carry_on"), ("d/policy", "d/policy_alone")} <= pairs
+
+
 @pytest.mark.parametrize("value", ["0.5", "1,0", "a,b", "cheap"])
 def test_verification_cost_is_checked_before_loading(value):
     with pytest.raises(ValueError, match="--verification_cost must be"):

@@ -6,6 +6,7 @@ compute and benchmarked, and the report writes the curve. Bad settings fail befo
 """
 
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,8 @@ def test_stopped_and_resumed_campaign_equals_one_that_never_stopped(target, data
     hours = [e["core_hours"] for e in history if "core_hours" in e]
     assert len(history) > len(first) and all(e.get("core_hours") for e in history)
     assert hours == sorted(hours) and hours[-1] > max(e["core_hours"] for e in first)
-    assert any("eval_tau_teacher_forced" in e for e in history)
+    evaluated = [e for e in history if "eval_tau_teacher_forced" in e]
+    assert evaluated and all(1 <= e["eval_tau_decoding"] <= config.block_size for e in evaluated)
     # The held-out rows never enter the training store.
     train = json.loads((resumed.dir / "features-train" / "features.json").read_text())
     held_out = json.loads((resumed.dir / "features-eval" / "features.json").read_text())
@@ -103,9 +105,11 @@ def test_milestones_at_doublings_are_decayed_benchmarked_and_reported(target, da
     for m in milestones:
         assert m["core_hours"] >= milestone_core_hours(config, m["index"])
         assert m["decay_steps"] == max(2, round(0.25 * m["step"])) and m["final_learning_rate"] == pytest.approx(0.0)
-        assert m["eval_tau"] >= 1
+        assert m["eval_tau"] >= 1 and m["eval_tau_decoding"] >= 1
         bench = m["bench"]["T=0"]
         assert bench["prompts"] == 2 and bench["speedup"]["estimate"] > 0 and bench["tau"]["estimate"] >= 1
+        adaptive = bench["adaptive"]  # the drafter alone, each round's length chosen by the cost policy
+        assert adaptive["prompts"] == 2 and adaptive["speedup"]["estimate"] > 0 and adaptive["tau"]["estimate"] >= 1
         assert (campaign.dir / "milestones" / f"m{m['index']:02d}" / "model.safetensors").is_file()
         assert not (campaign.dir / "milestones" / f"m{m['index']:02d}" / "decay").exists()
     # The decay branches leave the trunk as it was: its weights equal those of a campaign without milestones.
@@ -124,11 +128,19 @@ def test_milestones_at_doublings_are_decayed_benchmarked_and_reported(target, da
     again = campaign_module.benchmark_milestone(config, campaign.dir / "milestones" / "m00", target, None, False)
     assert again["T=0"]["prompts"] == 2
 
+    # A milestone recorded before the decoding tau existed gets it at the next start, from its saved weights: the
+    # value its own evaluation gave.
+    recorded = milestones[0]["eval_tau_decoding"]
+    campaign.add_milestone({**milestones[0], "eval_tau_decoding": None})
+    rows = FeatureStore(campaign.dir / "features-eval")
+    campaign_module.backfill_decoding_tau(campaign, types.SimpleNamespace(target=target, eval_rows=rows))
+    assert campaign.milestones()[0]["eval_tau_decoding"] == pytest.approx(recorded, abs=1e-4)
+
     out, kept = tmp_path / "report", tmp_path / "weights"
     data = write_report(campaign, out, kept)
     assert {p.name for p in out.iterdir()} == {"curve.json", "curve.md", "curve.png"}
     assert data["eval"] and data["milestones"] == milestones
-    assert "T=0" in (out / "curve.md").read_text()
+    assert "T=0" in (out / "curve.md").read_text() and "held-out τ (decoding)" in (out / "curve.md").read_text()
     assert (kept / "model.safetensors").is_file() and (kept / "config.json").is_file()
 
 
@@ -231,7 +243,7 @@ def test_carryover_is_compared_with_its_step_matched_continued_baseline_at_each_
     monkeypatch.setattr(campaign_module.time, "process_time", lambda: 0.5 * next(ticks))
     config = config_for(dataset, prompts, first_milestone_core_hours=2 / 3600, milestone_prompts_per_category=1,
                         milestone_decay_fraction=0.25, milestone_min_decay_steps=2, carry_steps=3,
-                        carry_num_anchors=2, carry_learning_rate=5e-3)  # fmt: skip
+                        carry_num_anchors=2, carry_learning_rate=5e-3, carry_plain_weight=1.0)  # fmt: skip
     campaign = start(tmp_path / "c", config)
     run(campaign.dir, target=target, progress=False, stop_after_steps=4)
 
@@ -252,6 +264,7 @@ def test_carryover_is_compared_with_its_step_matched_continued_baseline_at_each_
         assert any(not torch.equal(branch[n], start_weights[n]) for n in start_weights if n not in carry_names)
     record = milestones[0]["carry"]
     assert [record["branches"][name]["steps"] for name in ("carryover", "continued")] == [3, 3]
+    assert record["plain_weight"] == 1.0
     assert all(b["eval_tau"] >= 1 for b in record["branches"].values())
     pair = record["bench"]["T=0"]["comparisons"]["carryover/carry_on vs continued/carry_off"]
     assert pair["acceptance_length_relative_gain"]["estimate"] is not None and pair["speed_ratio"]["estimate"] > 0

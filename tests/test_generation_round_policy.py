@@ -35,8 +35,11 @@ def targets():
             for s in (0.0, 0.1, 1.0)]  # fmt: skip
 
 
+@pytest.mark.parametrize("suffix_match", [True, False])
 @pytest.mark.parametrize("cost", list(COSTS))
-def test_greedy_output_is_identical_under_the_cost_aware_policy(targets, cost):
+def test_greedy_output_is_identical_under_the_cost_aware_policy(targets, cost, suffix_match):
+    """With the suffix match as a source and without it (`suffix_match=False`: the drafter alone, its length chosen
+    per round)."""
     outcomes, sources = Counter(), Counter()
     for i in range(18):
         target = targets[i % 3]
@@ -54,7 +57,7 @@ def test_greedy_output_is_identical_under_the_cost_aware_policy(targets, cost):
             if not ASSISTED_LOOP_CROPS_AT_EOS and prompt[0, -1] == kwargs["eos_token_id"]:
                 continue
         output = target.generate(prompt, assistant_model=drafter, round_policy="cost", verification_cost=COSTS[cost],
-                                 **kwargs)  # fmt: skip
+                                 suffix_match=suffix_match, **kwargs)  # fmt: skip
         assert torch.equal(output, reference), f"prompt {i} differs under the {cost} cost"
         stats = drafter.last_generation_stats
         assert sum(stats.acceptance_lengths) == output.shape[1] - prompt.shape[1] - 1
@@ -64,7 +67,9 @@ def test_greedy_output_is_identical_under_the_cost_aware_policy(targets, cost):
         for accepted, drafted in zip(stats.acceptance_lengths, stats.draft_lengths):
             outcomes["zero" if accepted == 1 and drafted else "full" if drafted and accepted == drafted + 1 else "other"] += 1
     assert sources["drafter"] > 0 and outcomes["zero"] > 0 and outcomes["full"] > 0, (sources, outcomes)
-    if cost == "flat":
+    if not suffix_match:
+        assert sources["lookup"] == 0, sources  # the drafter is the only source
+    elif cost == "flat":
         assert sources["lookup"] > 0, sources  # the repeated motif: suffix matches
     elif cost == "steep":
         assert sources["plain"] > sources["drafter"], sources  # expensive verification of unlikely drafts
@@ -132,6 +137,8 @@ def test_bad_policy_options_are_refused_before_generating(targets):
     with pytest.raises(ValueError, match="verification_cost must be"):
         targets[0].generate(prompt, assistant_model=drafter, round_policy="cost", verification_cost=[0, 1],
                             max_new_tokens=4)  # fmt: skip
+    with pytest.raises(ValueError, match="suffix_match must be True, False or None"):
+        targets[0].generate(prompt, assistant_model=drafter, round_policy="cost", suffix_match="off", max_new_tokens=4)
 
 
 @pytest.mark.parametrize("cost", list(COSTS))
@@ -140,6 +147,18 @@ def test_sampling_keeps_the_target_distribution_under_the_cost_aware_policy(cost
     drafter = tiny_drafter(target, block_size=4, drafter_type="dflash", seed=12)
     settings = dict(temperature=0.8, top_k=0, round_policy="cost", verification_cost=COSTS[cost])
     samples, acceptance = sample_with_drafter(target, drafter, settings)
+    assert acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
+    assert_matches(samples, exact_distribution(target, dict(temperature=0.8, top_k=0)))
+
+
+def test_sampling_keeps_the_target_distribution_with_the_drafter_as_the_only_source():
+    """`suffix_match=False`: no lookup round, and the samples still follow the target's distribution."""
+    target = declare_generation_options(tiny_target("llama", vocab_size=8, hidden_size=32, num_hidden_layers=2, seed=11))
+    drafter = tiny_drafter(target, block_size=4, drafter_type="markov", seed=13)
+    settings = dict(temperature=0.8, top_k=0, round_policy="cost", verification_cost="flat", suffix_match=False)
+    drafts = Counter()
+    samples, acceptance = sample_with_drafter(target, drafter, settings, drafts)
+    assert drafts["lookup"] == 0, drafts
     assert acceptance[1] > 0 and sum(v for k, v in acceptance.items() if k > 1) > 0, acceptance
     assert_matches(samples, exact_distribution(target, dict(temperature=0.8, top_k=0)))
 

@@ -20,7 +20,8 @@ from carryover_hf.generation import CARRYOVER_GENERATION_OPTIONS
 from carryover_hf.tools.testing import tiny_drafter, tiny_target
 
 VALUES = {"use_carryover": False, "round_policy": "rules", "draft_confidence_threshold": 0.4, "proposal_backoff": 8,
-          "lookup_drafts": 10, "lookup_backoff": 4, "carryover_timing": True, "verification_cost": "flat"}  # fmt: skip
+          "lookup_drafts": 10, "lookup_backoff": 4, "carryover_timing": True, "verification_cost": "flat",
+          "suffix_match": False}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from carryover_hf.training.collator import CarryoverDataCollator, sample_anchors, valid_anchor_positions
+from carryover_hf.training.collator import (
+    CarryoverDataCollator,
+    repeated_positions,
+    sample_anchors,
+    valid_anchor_positions,
+)
 from carryover_hf.training.data import check_training_dataset
 from carryover_hf.training.losses import block_labels, default_gamma, draft_losses, position_weights
 from carryover_hf.masks import (
@@ -101,6 +106,23 @@ def test_anchor_sampling_is_reproducible():
     assert not np.array_equal(first, sample_anchors(ids, mask, 16, seed=3, epoch=1))
     # Fewer candidates than requested: all of them.
     assert sample_anchors([1, 2, 3, 4], [0, 1, 1, 1], 16, seed=0).tolist() == [1, 2]
+
+
+def test_anchors_can_skip_repeated_text():
+    # A prompt, then an answer that loops: 5 6 7 8 9 5 6 7 8 9 5 6 ...
+    ids = [1, 2, 3] + [5, 6, 7, 8, 9] * 4
+    mask = [0, 0, 0] + [1] * 20
+    repeated = repeated_positions(ids, 3)
+    # The first 3-gram that occurred before ends at the second loop's third token (position 3 + 5 + 2 = 10).
+    assert repeated.tolist() == [False] * 10 + [True] * 13
+    assert repeated_positions(ids, 5).tolist() == [False] * 12 + [True] * 11
+    every = sample_anchors(ids, mask, 64, seed=0)
+    new = sample_anchors(ids, mask, 64, seed=0, skip_repeated=3)
+    assert every.tolist() == list(range(3, 22)) and new.tolist() == list(range(3, 10))
+    batch = CarryoverDataCollator(num_anchors=64, skip_repeated=3)([{"input_ids": ids, "loss_mask": mask}])
+    assert batch["anchors"][0][batch["anchor_mask"][0]].tolist() == list(range(3, 10))
+    with pytest.raises(ValueError, match="skip_repeated"):
+        CarryoverDataCollator(skip_repeated=-1)
 
 
 def test_collator_pads_without_truncating_and_is_order_independent():

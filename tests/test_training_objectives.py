@@ -162,3 +162,29 @@ def test_carry_segments_of_every_length(drafter_type):
     assert set(accepted) == {0, 1, 2, 3, 4}
     torch.testing.assert_close(output.loss_sum, expected_loss, rtol=1e-4, atol=1e-5)
     assert float(output.metrics["first_draft_tau"][0]) == sum(m + 1 for m in accepted)
+
+
+@pytest.mark.parametrize("drafter_type", ["dflash", "markov"])
+def test_carryover_with_the_plain_loss_adds_the_first_drafts_dflash_loss(drafter_type):
+    """`plain_weight`: the carryover loss plus that weight times the dflash loss of the same anchors' first draft, and
+    its gradient is the sum of the two objectives' gradients."""
+    target = tiny_target("qwen3", seed=1)
+    drafter = tiny_drafter(target, block_size=5, drafter_type=drafter_type, seed=2)
+    batch = CarryoverDataCollator(num_anchors=6, seed=0)(_rows(target))
+
+    def loss_and_grads(objective, **options):
+        drafter.zero_grad()
+        output = DrafterObjective(target, objective, GAMMA, **options)(drafter, drafter, batch)
+        output.loss_sum.backward()
+        return output.loss_sum.detach(), {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}
+
+    mixed, mixed_grads = loss_and_grads("carryover", plain_weight=0.5)
+    carryover, carryover_grads = loss_and_grads("carryover")
+    plain, plain_grads = loss_and_grads("dflash")
+    torch.testing.assert_close(mixed, carryover + 0.5 * plain, rtol=1e-5, atol=1e-6)
+    assert mixed_grads.keys() == carryover_grads.keys()
+    for name, grad in mixed_grads.items():
+        expected = carryover_grads[name] + 0.5 * plain_grads.get(name, torch.zeros_like(grad))
+        torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-6, msg=name)
+    with pytest.raises(ValueError, match="plain_weight"):
+        DrafterObjective(target, "carryover", plain_weight=-1.0)

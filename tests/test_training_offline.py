@@ -325,9 +325,9 @@ def test_reduced_vocabulary_loss_is_the_loss_over_the_draft_rows(target, rows, d
 
     # Reference: full-vocabulary logits (-inf outside), CE only on labels inside the draft vocabulary.
     from carryover_hf.training.losses import block_labels, position_weights
-    from carryover_hf.training.objectives import _block_ids
+    from carryover_hf.training.objectives import block_ids
 
-    blocks = _block_ids(batch["input_ids"], batch["anchors"], BLOCK, drafter.config.mask_token_id)
+    blocks = block_ids(batch["input_ids"], batch["anchors"], BLOCK, drafter.config.mask_token_id)
     states = objective.run_drafter(drafter, drafter, blocks, batch["anchors"], _features(target, batch))
     labels, valid = block_labels(batch["input_ids"], batch["loss_mask"], batch["anchors"], batch["anchor_mask"], BLOCK)
     previous = torch.cat([blocks[..., :1], labels[..., :-1]], -1) if drafter_type == "markov" else None

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModel
+from transformers import AutoModel, GenerationConfig
 
 import carryover_hf
 from carryover_hf import CarryoverDrafterConfig, CarryoverDrafterModel, DrafterTargetMismatchError
@@ -60,8 +60,8 @@ def make_args(output_dir, **overrides):
     return CarryoverTrainingArguments(**values)
 
 
-def acceptance_in_generate(target, drafter, dataset, rows=3):
-    """Mean acceptance length of `target.generate(..., assistant_model=drafter)` on the training prompts."""
+def acceptance_in_generate(target, drafter, dataset, rows=3, **options):
+    """Mean acceptance length of `target.generate(..., assistant_model=drafter, **options)` on the training prompts."""
     drafter.eval()
     lengths = []
     for row in dataset.select(range(rows)):
@@ -73,6 +73,7 @@ def acceptance_in_generate(target, drafter, dataset, rows=3):
             max_new_tokens=RESPONSE,
             do_sample=False,
             pad_token_id=0,
+            **options,
         )
         lengths += drafter.last_generation_stats.acceptance_lengths
     return sum(lengths) / len(lengths)
@@ -127,6 +128,11 @@ def test_loss_falls_and_acceptance_rises(target, dataset, tmp_path, objective, d
     assert after["eval_loss"] < 0.9 * before, (before, after)
     trained = acceptance_in_generate(target, drafter, dataset)
     assert trained > untrained + 0.2, (untrained, trained)
+    # The eval rows are the target's greedy answers: the replayed decoding is full-block greedy decoding, carry off.
+    full_blocks = dict(use_carryover=False, round_policy="rules", lookup_drafts=0, proposal_backoff=0)
+    replayed = acceptance_in_generate(target, drafter, dataset, rows=len(dataset),
+                                      generation_config=GenerationConfig(**full_blocks))  # fmt: skip
+    assert after["eval_tau_decoding"] == pytest.approx(replayed, abs=1e-4)
 
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
     expected = {"loss", "acc_pos_01", f"acc_pos_{BLOCK - 1:02d}", "tau_teacher_forced"}
@@ -327,3 +333,28 @@ def test_max_train_seconds_ends_training_early_and_saves(target, dataset, tmp_pa
     assert (tmp_path / "boxed" / "model.safetensors").is_file()
     with pytest.raises(ValueError, match="max_train_seconds must be positive"):
         make_args(tmp_path / "bad", max_train_seconds=0)
+
+
+def test_skipping_repeated_text_shapes_the_training_anchors_only(target, dataset, tmp_path):
+    """`anchor_skip_repeated`: no training anchor where the last N tokens occurred before in the row; evaluation
+    still draws from every position."""
+    from carryover_hf.training.collator import repeated_positions
+
+    args = make_args(tmp_path, num_anchors=64, anchor_skip_repeated=2, per_device_eval_batch_size=16)
+    trainer = CarryoverTrainer(model=fresh_drafter(target), target_model=target, args=args, train_dataset=dataset,
+                               eval_dataset=dataset)  # fmt: skip
+
+    def anchors_on_repeats(loader):
+        on, total = 0, 0
+        for batch in loader:
+            for ids, anchors, valid in zip(batch["input_ids"], batch["anchors"], batch["anchor_mask"]):
+                flags = repeated_positions(ids.tolist(), 2)
+                on += int(flags[anchors[valid].numpy()].sum())
+                total += int(valid.sum())
+        return on, total
+
+    train_on, train_total = anchors_on_repeats(trainer.get_train_dataloader())
+    eval_on, eval_total = anchors_on_repeats(trainer.get_eval_dataloader())
+    assert train_on == 0 and train_total > 0
+    assert eval_on > 0  # the tiny target's answers repeat bigrams: evaluation keeps those anchors
+    assert trainer.data_collator.skip_repeated == 2

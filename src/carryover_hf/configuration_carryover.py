@@ -40,7 +40,7 @@ PROPOSAL_OPTIONS = ("draft_confidence_threshold", *COUNT_OPTIONS)
 PROPOSAL_DEFAULTS = {"use_carryover": True, "round_policy": None, **dict.fromkeys(PROPOSAL_OPTIONS)}
 ROUND_POLICIES = ("rules", "cost")
 # Options a generate call takes that have no drafter default (`generation.CARRYOVER_GENERATION_OPTIONS` lists all).
-CALL_ONLY_OPTIONS = ("carryover_timing", "verification_cost")
+CALL_ONLY_OPTIONS = ("carryover_timing", "verification_cost", "suffix_match")
 
 
 def proposal_option_error(name: str, value: Any = ..., owner: str = "CarryoverDrafterConfig") -> ProposalOptionError:

@@ -58,6 +58,9 @@ CARRYOVER_GENERATION_OPTIONS = {
     "round_policy": "'cost': choose each round's source (drafter, suffix match, plain step) and draft count by "
     "expected tokens per unit of cost (`round_policy.CostAwarePolicy`; the lookup, backoff and confidence options "
     "then do not apply); 'rules': the rule-based policy those options drive (default: the drafter's; None: rules)",
+    "suffix_match": "with round_policy='cost': offer drafts copied from a suffix match (this call's sequence, and "
+    "earlier calls' through the drafter's `suffix_cache`) as a source beside the drafter (default True); False: the "
+    "drafter and plain steps only (the drafter alone, with the length chosen per round)",
     "verification_cost": "with round_policy='cost': 'measured': each round's cost measured from the call's own "
     "rounds (wall time), in the shape of the target's verification curve calibrated once per machine and cached on "
     "disk (sampled outputs then keep the target's distribution but not a seed's exact tokens); "
@@ -680,12 +683,15 @@ def check_pair(target: PreTrainedModel, drafter: CarryoverDrafterModel) -> None:
 
 
 def cost_aware_policy(target, drafter, input_ids, generation_config):
-    """`round_policy="cost"`: a `round_policy.CostAwarePolicy` over the drafter and a suffix match (the drafter's
-    `suffix_cache` when one is set, shared across calls; else this call's sequence alone), with the verification cost
-    of `verification_cost`."""
+    """`round_policy="cost"`: a `round_policy.CostAwarePolicy` over the drafter and, unless `suffix_match=False`, a
+    suffix match (the drafter's `suffix_cache` when one is set, shared across calls; else this call's sequence alone),
+    with the verification cost of `verification_cost`."""
     from .round_policy import ROUND_POLICY_STATE_ATTRIBUTE, AcceptanceMemory, CostAwarePolicy, VerificationCost, calibrate
     from .suffix_cache import SuffixCache
 
+    suffix_match = getattr(generation_config, "suffix_match", None)
+    if suffix_match not in (None, True, False):
+        raise ValueError(f"suffix_match must be True, False or None (default: True), got {suffix_match!r}.")
     block_size = drafter.config.block_size
     max_drafts = max(block_size - 1, 16)
     sampling = bool(generation_config.do_sample)
@@ -719,8 +725,10 @@ def cost_aware_policy(target, drafter, input_ids, generation_config):
         )
     # Without a shared cache, this call's own: it offers up to `max_drafts` after any match, the policy's estimate
     # per match length choosing how many to take (a shared cache keeps its own `alpha`).
-    cache = getattr(drafter, "suffix_cache", None) or SuffixCache(keep_outputs=False, alpha=float(max_drafts))
-    session = cache.session(input_ids[0].tolist())
+    session = None
+    if suffix_match is not False:
+        cache = getattr(drafter, "suffix_cache", None) or SuffixCache(keep_outputs=False, alpha=float(max_drafts))
+        session = cache.session(input_ids[0].tolist())
     if not measured:
         return CostAwarePolicy(block_size, generation_config.max_length, cost, session, memory=memory)
     policy = CostAwarePolicy(block_size, generation_config.max_length, cost, session, memory=memory,

@@ -59,9 +59,16 @@ CHECKPOINT_STATE = "campaign_state.json"
 EXPORT_STATE = "campaign_state.json"  # beside an exported milestone: what a campaign moved to another machine needs
 TRUNK = "trunk"
 CARRY = "carry"  # in a milestone's folder: its carryover comparison
+TAU_NOTE = (
+    "Held-out τ, teacher-forced: 1 + leading correct drafts, averaged over anchors drawn uniformly from the held-out "
+    "responses (the training metric). Decoding: full-block greedy decoding replayed on the same rows, over the first "
+    "128 tokens of each response (`carryover_hf.training.replay`): the drafter-alone acceptance length of a generate "
+    "call on them. It is the lower one wherever acceptance varies along a response: decoding meets a hard stretch "
+    "once per token and an easy one once per long round."
+)
 BRANCH_RECORD = "branch.json"
 # Settings a resume may change: they only shape the carryover comparisons taken from milestones, never the trunk.
-RESUMABLE_CHANGES = ("carry_steps", "carry_learning_rate", "carry_num_anchors")
+RESUMABLE_CHANGES = ("carry_steps", "carry_learning_rate", "carry_num_anchors", "carry_plain_weight")
 
 
 @dataclass
@@ -112,10 +119,13 @@ class CampaignConfig:
     # one with the carryover objective, one with the dflash objective (the step-matched continued baseline), each with
     # a 10 % warm-up and a cosine to 0 from carry_learning_rate; then both benchmarked on the milestone's prompts
     # (carryover with carry on against the continued baseline with carry off and on) and probed for the attention
-    # share on carry rows. 0: no comparison. These settings never touch the trunk, so a resume may change them.
+    # share on carry rows. 0: no comparison. carry_plain_weight: the carryover branch's loss adds this times the dflash
+    # loss of its first draft (`carryover_plain_weight`), so its plain draft keeps training as the baseline's does.
+    # These settings never touch the trunk, so a resume may change them.
     carry_steps: int = 0
     carry_learning_rate: float = 3e-4
     carry_num_anchors: int = 16
+    carry_plain_weight: float = 0.0
 
     def validate(self) -> None:
         if self.drafter_type not in ("dflash", "markov"):
@@ -134,8 +144,9 @@ class CampaignConfig:
             raise UsageError("milestone_decay_fraction must lie in [0, 1) and milestone_min_decay_steps be >= 0.")
         if self.milestone_prompts_per_category < 0:
             raise UsageError("milestone_prompts_per_category must be 0 (no benchmark) or more.")
-        if self.carry_steps < 0 or self.carry_num_anchors < 1 or self.carry_learning_rate <= 0:
-            raise UsageError("carry_steps must be >= 0, carry_num_anchors >= 1 and carry_learning_rate positive.")
+        if self.carry_steps < 0 or self.carry_num_anchors < 1 or self.carry_learning_rate <= 0 or self.carry_plain_weight < 0:
+            raise UsageError("carry_steps must be >= 0, carry_num_anchors >= 1, carry_learning_rate positive and "
+                             "carry_plain_weight >= 0.")  # fmt: skip
         if self.carry_steps and not self.milestone_prompts_per_category:
             raise UsageError("carry_steps needs milestone_prompts_per_category >= 1: the comparison is benchmarked.")
 
@@ -503,6 +514,7 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
     stop = StopRequest()
     previous = signal.signal(signal.SIGTERM, stop)  # stop: checkpoint after the current step
     try:
+        backfill_decoding_tau(campaign, trainers)
         newest = campaign.milestones()[-1:]
         if config.carry_steps and newest and CARRY not in newest[0] and "inherited_from" not in newest[0]:
             compare_carryover(campaign, config, trainers, newest[0], stop, progress)  # taken at a restart
@@ -562,8 +574,8 @@ def record_milestone(campaign: Campaign, config: CampaignConfig, trainers: "_Tra
         "planned_core_hours": milestone_core_hours(config, index), "decay_steps": extra,
         "decay_core_hours": round((time.process_time() - started) / 3600.0, 5),
         "final_learning_rate": trainer.lr_scheduler.get_last_lr()[0],
-        "eval_tau": evaluation.get("eval_tau_teacher_forced"), "eval_loss": evaluation.get("eval_loss"),
-        "folder": str(folder),
+        "eval_tau": evaluation.get("eval_tau_teacher_forced"), "eval_tau_decoding": evaluation.get("eval_tau_decoding"),
+        "eval_loss": evaluation.get("eval_loss"), "folder": str(folder),
     }  # fmt: skip
     if config.milestone_prompts_per_category:
         record["bench"] = benchmark_milestone(config, folder, trainers.target, trainers.tokenizer, progress)
@@ -573,9 +585,28 @@ def record_milestone(campaign: Campaign, config: CampaignConfig, trainers: "_Tra
     return record
 
 
+def backfill_decoding_tau(campaign: Campaign, trainers: "_Trainers") -> None:
+    """Milestones recorded before the held-out decoding τ existed get it from their saved weights (seconds each)."""
+    import torch
+
+    from ..modeling_carryover import CarryoverDrafterModel
+    from ..training.arguments import DECODING_MAX_TOKENS as limit
+    from ..training.objectives import DrafterObjective
+    from ..training.replay import decoding_tau
+
+    for milestone in campaign.milestones():
+        if milestone.get("eval_tau_decoding") is None and (Path(milestone["folder"]) / "config.json").is_file():
+            drafter = CarryoverDrafterModel.from_pretrained(milestone["folder"], dtype=torch.float32).eval()
+            tau = decoding_tau(DrafterObjective(trainers.target), drafter, trainers.eval_rows, (limit,))[limit]
+            campaign.add_milestone({**milestone, "eval_tau_decoding": round(tau, 4)})
+            print(f"campaign: milestone {milestone['index']}: held-out tau (decoding) {tau:.3f}", flush=True)
+
+
 def benchmark_milestone(config: CampaignConfig, folder: Path, target, tokenizer, progress: bool = True) -> dict:
-    """The milestone drafter alone (carry off, no lookup, no backoff) against the target alone, per temperature."""
-    report = _benchmark(config, {"drafter": folder}, ["carry_off"], [], folder / "bench", target, tokenizer, progress)
+    """The milestone drafter alone (carry off, no lookup, no backoff) against the target alone, per temperature: with
+    full blocks every round, and with each round's length chosen by the cost policy (`policy_alone`)."""
+    report = _benchmark(config, {"drafter": folder}, ["carry_off", "policy_alone"], [], folder / "bench", target,
+                        tokenizer, progress)  # fmt: skip
     return _milestone_summary(report)
 
 
@@ -602,6 +633,8 @@ def _benchmark(config: CampaignConfig, folders: dict[str, Path], methods: list[s
     bench_target = copy.deepcopy(target).eval()
     drafters = {name: CarryoverDrafterModel.from_pretrained(folder, dtype=bench_target.dtype).eval()
                 for name, folder in folders.items()}  # fmt: skip
+    for drafter in drafters.values():  # methods that follow the drafter's defaults: carry only where it was trained
+        drafter.generation_config.use_carryover = bool(drafter.config.trained_with_carryover)
     kernels = resolve_cpu_kernels("auto", bench_target.dtype, bench_target.device)
     if kernels:
         apply_cpu_kernels(bench_target, *drafters.values())
@@ -619,17 +652,22 @@ def _milestone_summary(report: dict) -> dict:
     per-category speedups, as the issue's targets are stated), from a bench report."""
     from .bench.report import OVERALL
 
-    summary = {}
-    for block in report["results"]:
-        groups = block["summary"]["drafter/carry_off"]
+    def summarise(groups: dict) -> dict:
         categories = [g for g in groups if g != OVERALL and (groups[g].get("speedup") or {}).get("estimate") is not None]
-        summary[f"T={block['temperature']:g}"] = {
+        return {
             "prompts": groups[OVERALL]["prompts"],
             "speedup": groups[OVERALL].get("speedup"),
             "tau": groups[OVERALL].get("acceptance_length_micro"),
             "speedup_mean_over_categories": (sum(groups[g]["speedup"]["estimate"] for g in categories) / len(categories)
                                              if categories else None),
         }  # fmt: skip
+
+    summary = {}
+    for block in report["results"]:
+        entry = summarise(block["summary"]["drafter/carry_off"])  # full blocks
+        if "drafter/policy_alone" in block["summary"]:  # milestones benchmarked before 2026-12-07 have no adaptive run
+            entry["adaptive"] = summarise(block["summary"]["drafter/policy_alone"])
+        summary[f"T={block['temperature']:g}"] = entry
     return summary
 
 
@@ -670,7 +708,8 @@ def compare_carryover(campaign: Campaign, config: CampaignConfig, trainers: "_Tr
             args = training_arguments(config, branch / "run", objective=objective, max_steps=config.carry_steps,
                                       learning_rate=config.carry_learning_rate, lr_scheduler_type="cosine",
                                       warmup_steps=max(1, config.carry_steps // 10), num_anchors=config.carry_num_anchors,
-                                      eval_strategy="no", save_strategy="no")  # fmt: skip
+                                      carryover_plain_weight=config.carry_plain_weight, eval_strategy="no",
+                                      save_strategy="no")  # fmt: skip
             trainer = trainers(args, [_stop_callback(stop)], weights=folder)
             print(f"campaign: milestone {milestone['index']}: {name} branch ({objective} objective), "
                   f"{config.carry_steps} steps", flush=True)  # fmt: skip
@@ -684,6 +723,7 @@ def compare_carryover(campaign: Campaign, config: CampaignConfig, trainers: "_Tr
                 "core_hours": round((time.process_time() - started) / 3600.0, 5),
                 "eval_tau": evaluation.get("eval_tau_teacher_forced"), "eval_loss": evaluation.get("eval_loss"),
                 "eval_first_draft_tau": evaluation.get("eval_first_draft_tau"),
+                "eval_tau_decoding": evaluation.get("eval_tau_decoding"),
             })  # fmt: skip
             shutil.rmtree(branch / "run", ignore_errors=True)
         branches[name] = json.loads((branch / BRANCH_RECORD).read_text())
@@ -693,7 +733,8 @@ def compare_carryover(campaign: Campaign, config: CampaignConfig, trainers: "_Tr
     report = _benchmark(config, folders, ["carry_off", "carry_on"], [f"{a},{b}" for a, b in CARRY_COMPARISONS],
                         out / "bench", trainers.target, trainers.tokenizer, progress)  # fmt: skip
     record = {"steps": config.carry_steps, "learning_rate": config.carry_learning_rate,
-              "num_anchors": config.carry_num_anchors, "branches": branches, "bench": _carry_summary(report),
+              "num_anchors": config.carry_num_anchors, "plain_weight": config.carry_plain_weight, "branches": branches,
+              "bench": _carry_summary(report),
               "attention": _carry_attention(config, folders, trainers.target, trainers.tokenizer)}  # fmt: skip
     _write_json(out / "carry.json", record)
     milestone = {**milestone, CARRY: record}
@@ -756,7 +797,8 @@ def curve(campaign: Campaign) -> dict:
     """The campaign's learning curve: held-out and training points against training core-hours, and milestones."""
     history = campaign.log_history()
     evaluation = [{"step": e["step"], "core_hours": e.get("core_hours"), "tau": e["eval_tau_teacher_forced"],
-                   "loss": e["eval_loss"], "acc_pos_01": e.get("eval_acc_pos_01")}
+                   "tau_decoding": e.get("eval_tau_decoding"), "loss": e["eval_loss"],
+                   "acc_pos_01": e.get("eval_acc_pos_01")}
                   for e in history if "eval_tau_teacher_forced" in e]  # fmt: skip
     training = [{"step": e["step"], "core_hours": e.get("core_hours"), "loss": e["loss"],
                  "tau": e.get("tau_teacher_forced"), "learning_rate": e.get("learning_rate")}
@@ -773,14 +815,17 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> 
     data = curve(campaign)
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "curve.json", data)
-    lines = [f"# Campaign {data['config']['name']}", "",
-             "| step | training core-hours | held-out τ (teacher-forced) | held-out loss |", "| --- | --- | --- | --- |"]
-    lines += [f"| {p['step']} | {p['core_hours'] or 0:.3f} | {p['tau']:.3f} | {p['loss']:.4f} |" for p in data["eval"]]
+    lines = [f"# Campaign {data['config']['name']}", "", TAU_NOTE, "",
+             "| step | training core-hours | held-out τ (teacher-forced) | held-out τ (decoding) | held-out loss |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines += [f"| {p['step']} | {p['core_hours'] or 0:.3f} | {p['tau']:.3f} | {_number(p.get('tau_decoding'))} | "
+              f"{p['loss']:.4f} |" for p in data["eval"]]  # fmt: skip
     if data["milestones"]:
-        lines += ["", "| milestone | step | core-hours | drafter alone (T: speedup, τ) |", "| --- | --- | --- | --- |"]
+        lines += ["", "| milestone | step | core-hours | held-out τ (teacher-forced / decoding) | drafter alone (T: speedup, τ) |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
         for m in data["milestones"]:
-            bench = _bench_summary(m)
-            lines.append(f"| {m['index']} | {m['step']} | {m['core_hours']:.3f} | {bench or 'not benchmarked'} |")
+            bench, taus = _bench_summary(m), f"{_number(m.get('eval_tau'))} / {_number(m.get('eval_tau_decoding'))}"
+            lines.append(f"| {m['index']} | {m['step']} | {m['core_hours']:.3f} | {taus} | {bench or 'not benchmarked'} |")
     compared = [m for m in data["milestones"] if CARRY in m]
     if compared:
         lines += ["", "Carryover (carry on) against the step-matched continued baseline (carry off), from each milestone:",
@@ -829,7 +874,13 @@ def _save_bfloat16(source: Path, target: Path) -> None:
 def _bench_summary(milestone: dict) -> str:
     """A milestone's bench in one line: per temperature, the speedup and tau with their intervals."""
     bench = milestone.get("bench") or {}
-    return "; ".join(f"{t}: {_estimate(v['speedup'])}x, τ {_estimate(v['tau'])}" for t, v in bench.items())
+    return "; ".join(f"{t}: {_estimate(v['speedup'])}x, τ {_estimate(v['tau'])}"
+                     + (f" (adaptive length {_estimate(v['adaptive']['speedup'])}x)" if "adaptive" in v else "")
+                     for t, v in bench.items())  # fmt: skip
+
+
+def _number(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
 
 
 def _estimate(interval: dict | None) -> str:
@@ -846,12 +897,24 @@ def _plot(data: dict, path: Path) -> None:
         points = [p for p in data["eval"] if p["core_hours"] is not None]
         axis.plot([p["core_hours"] for p in points], [p["tau"] for p in points], marker="o",
                   label="held-out τ (teacher-forced)")  # fmt: skip
+        decoded = [p for p in points if p.get("tau_decoding") is not None]
+        if decoded:
+            axis.plot([p["core_hours"] for p in decoded], [p["tau_decoding"] for p in decoded], marker="o",
+                      label="held-out τ (decoding)")  # fmt: skip
+        milestones = [m for m in data["milestones"] if m.get("eval_tau_decoding") is not None]
+        if milestones:
+            axis.plot([m["core_hours"] for m in milestones], [m["eval_tau_decoding"] for m in milestones], marker="^",
+                      linestyle=":", label="milestone held-out τ (decoding)")  # fmt: skip
         for temperature in ("T=0", "T=1"):
             marks = [(m["core_hours"], m["bench"][temperature]) for m in data["milestones"]
                      if temperature in (m.get("bench") or {})]  # fmt: skip
             if marks:
                 axis.plot([h for h, _ in marks], [(v["speedup"] or {}).get("estimate") for _, v in marks], marker="s",
                           linestyle="--", label=f"drafter alone speedup, {temperature}")  # fmt: skip
+            adaptive = [(h, v["adaptive"]) for h, v in marks if "adaptive" in v]
+            if adaptive:
+                axis.plot([h for h, _ in adaptive], [(v["speedup"] or {}).get("estimate") for _, v in adaptive],
+                          marker="D", linestyle="-.", label=f"drafter alone, adaptive length, {temperature}")  # fmt: skip
         axis.set_xscale("log")
         axis.set_xlabel("training core-hours")
         axis.set_title(f"campaign {data['config']['name']}")
@@ -898,10 +961,12 @@ def _status(campaign: Campaign) -> int:
     print(f"  step {steps}, {hours:.3f} training core-hours logged; "
           f"next milestone at {milestone_core_hours(config, len(campaign.milestones())):g}")  # fmt: skip
     for e in evaluation[-5:]:
-        print(f"  step {e['step']:>7}  core-hours {e.get('core_hours') or 0:7.3f}  held-out tau {e['eval_tau_teacher_forced']:.3f}")
+        print(f"  step {e['step']:>7}  core-hours {e.get('core_hours') or 0:7.3f}  held-out tau "
+              f"{e['eval_tau_teacher_forced']:.3f} (decoding {_number(e.get('eval_tau_decoding'))})")  # fmt: skip
     for m in campaign.milestones():
         print(f"  milestone {m['index']}: step {m['step']}, {m['core_hours']:.3f} core-hours, held-out tau "
-              f"{m.get('eval_tau')}; drafter alone {_bench_summary(m) or 'not benchmarked'}")  # fmt: skip
+              f"{m.get('eval_tau')} (decoding {_number(m.get('eval_tau_decoding'))}); drafter alone "
+              f"{_bench_summary(m) or 'not benchmarked'}")  # fmt: skip
         if CARRY in m:
             print(f"    carryover against the continued baseline ({m[CARRY]['steps']} steps each): {_carry_line(m[CARRY])}")
     return 0

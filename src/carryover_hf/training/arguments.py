@@ -10,6 +10,8 @@ from transformers.trainer_utils import SchedulerType
 from .losses import DISTILLATION_KINDS
 
 OBJECTIVES = ("dflash", "carryover")
+# Tokens of each eval response that the decoding replay covers (a generate call's max_new_tokens in the benchmarks).
+DECODING_MAX_TOKENS = 128
 
 
 @dataclass
@@ -30,6 +32,18 @@ class CarryoverTrainingArguments(TrainingArguments):
         distillation_weight (`float`): λ in `(1 - λ) CE + λ D` when `distillation` is set (DSpark: 0.9 with TV).
         max_train_seconds (`float`, *optional*): end training after the optimizer step that passes this many seconds
             of wall time (the schedule is not shortened: it stops where it is); the model is saved as at a normal end.
+        carryover_plain_weight (`float`): with `objective="carryover"`, the loss adds this times the dflash loss of
+            the first draft (trained with gradient then), so the plain draft keeps learning beside the draft after a
+            rejection; 0 (default): the second draft alone.
+        anchor_skip_repeated (`int`): draw no anchor where the last N tokens occurred earlier in the row (a looping
+            answer's repeats, which a suffix match drafts at inference), so the drafter trains on new text; 0 (default):
+            every anchor. The eval rows keep every anchor.
+        eval_decoding_tau (`bool`): after each evaluation, draft at every anchor of the eval rows and replay
+            full-block greedy decoding over them (`carryover_hf.training.replay`); logs `eval_tau_decoding`, the
+            acceptance length decoding gets (exactly, on rows that are the target's own greedy output), next to
+            `eval_tau_teacher_forced` (uniform anchors, which overstates it wherever acceptance varies).
+        eval_decoding_max_tokens (`int`, *optional*): replay the first this many tokens of each response, as
+            `max_new_tokens` would stop a call (default 128); `None`: whole responses.
     """
 
     objective: str = field(
@@ -53,6 +67,26 @@ class CarryoverTrainingArguments(TrainingArguments):
     max_train_seconds: float | None = field(
         default=None,
         metadata={"help": "End training after the step that passes this many seconds of wall time (a time-boxed run)."},
+    )
+    carryover_plain_weight: float = field(
+        default=0.0,
+        metadata={"help": "With the carryover objective, add this times the dflash loss of the first (plain) draft; "
+                  "0: the draft after a rejection alone."},  # fmt: skip
+    )
+    anchor_skip_repeated: int = field(
+        default=0,
+        metadata={"help": "Draw no training anchor where the last N tokens occurred earlier in the row (repeated text "
+                  "that a suffix match drafts at inference); 0: every anchor."},  # fmt: skip
+    )
+    eval_decoding_tau: bool = field(
+        default=True,
+        metadata={"help": "After each evaluation, replay full-block greedy decoding on the eval rows and log "
+                  "`eval_tau_decoding` (carryover_hf.training.replay)."},  # fmt: skip
+    )
+    eval_decoding_max_tokens: int | None = field(
+        default=DECODING_MAX_TOKENS,
+        metadata={"help": "Replay the first this many tokens of each eval response (a generate call's "
+                  "max_new_tokens); None: whole responses."},  # fmt: skip
     )
 
     # DFlash's recipe instead of the generic Trainer defaults.

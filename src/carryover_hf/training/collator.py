@@ -17,15 +17,35 @@ def valid_anchor_positions(loss_mask: Sequence[int] | np.ndarray) -> np.ndarray:
     return np.flatnonzero(mask[:-1] & mask[1:])
 
 
+def repeated_positions(input_ids: Sequence[int], n: int) -> np.ndarray:
+    """Per position p: the `n` tokens ending at p occurred (ending) earlier in the row, `(T,)` bool. There a suffix
+    match of length n already proposes what followed last time: repeated text that decoding drafts by lookup."""
+    ids = [int(i) for i in input_ids]
+    seen, flags = set(), np.zeros(len(ids), dtype=bool)
+    for position in range(n - 1, len(ids)):
+        gram = tuple(ids[position - n + 1 : position + 1])
+        flags[position] = gram in seen
+        seen.add(gram)
+    return flags
+
+
 def sample_anchors(
-    input_ids: Sequence[int], loss_mask: Sequence[int], num_anchors: int, seed: int, epoch: int = 0
+    input_ids: Sequence[int],
+    loss_mask: Sequence[int],
+    num_anchors: int,
+    seed: int,
+    epoch: int = 0,
+    skip_repeated: int = 0,
 ) -> np.ndarray:
-    """Up to `num_anchors` sorted anchor positions of one row, drawn without replacement.
+    """Up to `num_anchors` sorted anchor positions of one row, drawn without replacement (with `skip_repeated` = n,
+    none where `repeated_positions(input_ids, n)`).
 
     The draw depends only on `(seed, epoch, the row's tokens and loss mask)`, not on batch composition, process rank or
     worker, so a resumed or distributed run sees the same anchors for the same row.
     """
     candidates = valid_anchor_positions(loss_mask)
+    if skip_repeated:
+        candidates = candidates[~repeated_positions(input_ids, skip_repeated)[candidates]]
     if len(candidates) <= num_anchors:
         return candidates
     ids = np.asarray(input_ids, dtype=np.int64)
@@ -49,6 +69,8 @@ class CarryoverDataCollator:
         seed: seed of the anchor draw; `epoch` is advanced by the trainer so every epoch sees fresh anchors.
         pad_token_id: id written into padded positions (they are masked out everywhere).
         pad_to_multiple_of: pad `T` up to a multiple of this (helps kernels on GPU).
+        skip_repeated: draw no anchor where the last `skip_repeated` tokens occurred earlier in the row (repeated
+            text, e.g. a looping answer, which a suffix match drafts at inference); 0: every anchor.
     """
 
     num_anchors: int = 512
@@ -56,10 +78,13 @@ class CarryoverDataCollator:
     pad_token_id: int = 0
     pad_to_multiple_of: int | None = None
     epoch: int = 0
+    skip_repeated: int = 0
 
     def __post_init__(self):
         if self.num_anchors < 1:
             raise ValueError(f"num_anchors must be at least 1, got {self.num_anchors}.")
+        if self.skip_repeated < 0:
+            raise ValueError(f"skip_repeated must be 0 (off) or a token count, got {self.skip_repeated}.")
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -79,7 +104,8 @@ class CarryoverDataCollator:
         if self.pad_to_multiple_of:
             length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
         anchors = [
-            sample_anchors(row["input_ids"], row["loss_mask"], self.num_anchors, self.seed, self.epoch) for row in rows
+            sample_anchors(row["input_ids"], row["loss_mask"], self.num_anchors, self.seed, self.epoch, self.skip_repeated)
+            for row in rows
         ]
         num_slots = max(1, max(len(a) for a in anchors))
 

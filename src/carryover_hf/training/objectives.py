@@ -51,7 +51,7 @@ def metric_names(objective: str, block_size: int) -> list[str]:
     return names
 
 
-def _block_ids(input_ids: torch.LongTensor, anchors: torch.LongTensor, block_size: int, mask_token_id: int):
+def block_ids(input_ids: torch.LongTensor, anchors: torch.LongTensor, block_size: int, mask_token_id: int):
     """`(b, A, B)` blocks `[x_a, MASK, ..., MASK]`."""
     first = torch.gather(input_ids, 1, anchors)
     blocks = torch.full((*anchors.shape, block_size), mask_token_id, dtype=torch.long, device=anchors.device)
@@ -67,6 +67,9 @@ class DrafterObjective:
         objective: `"dflash"` or `"carryover"`.
         gamma: decay of the position weights.
         distillation / distillation_weight: optional KL or TV term against the target's next-token distribution.
+        plain_weight: with the carryover objective, add this times the dflash loss of the first draft (the plain
+            block at each anchor), so that the draft without carry rows keeps training beside the one after a
+            rejection (0: the second draft alone, as SPEC section 2 states the objective).
         max_chunk_elements: rows x vocabulary per chunk of the head's logits (losses never build them all at once).
 
     A batch that carries `target_features` (offline features, `carryover_hf.training.features`) is trained by the
@@ -82,9 +85,13 @@ class DrafterObjective:
         distillation: str | None = None,
         distillation_weight: float = 0.0,
         max_chunk_elements: int = 1 << 25,
+        plain_weight: float = 0.0,
     ):
+        if plain_weight < 0:
+            raise ValueError(f"plain_weight must be >= 0, got {plain_weight}.")
         self.target = target
         self.objective = objective
+        self.plain_weight = plain_weight if objective == "carryover" else 0.0
         self.gamma = gamma
         self.distillation = distillation if distillation_weight > 0 else None
         self.distillation_weight = distillation_weight if distillation else 0.0
@@ -226,7 +233,7 @@ class DrafterObjective:
                 use_cache=carryover,
                 with_last_hidden_state=self.distillation is not None and topk is None,
             )
-        blocks = _block_ids(input_ids, anchors, size, config.mask_token_id)
+        blocks = block_ids(input_ids, anchors, size, config.mask_token_id)
         labels, valid = block_labels(input_ids, loss_mask, anchors, anchor_valid, size)
         num_anchors = anchor_valid.sum()
 
@@ -237,9 +244,20 @@ class DrafterObjective:
             )
             return ObjectiveOutput(loss_sum, num_anchors, metrics)
 
-        # 1. First draft, detached: the plain block at each anchor.
-        with torch.no_grad():
+        # 1. First draft: the plain block at each anchor; detached unless its dflash loss is mixed in.
+        plain_loss = None
+        if self.plain_weight:
+            # The bare drafter runs it (a DDP wrapper's forward is taken once per step, by the second draft); its
+            # gradient reaches the same parameters, and DDP reduces them once the backward is done.
             hidden = self.run_drafter(drafter, drafter, blocks, anchors, states.features)
+            plain_loss, _ = self._trained_draft_loss(
+                drafter, hidden, blocks, anchors, anchor_valid, labels, valid, states.last_hidden_state, topk
+            )
+            hidden = hidden.detach()
+        else:
+            with torch.no_grad():
+                hidden = self.run_drafter(drafter, drafter, blocks, anchors, states.features)
+        with torch.no_grad():
             drafts = self.first_drafts(drafter, hidden, blocks, labels)
         accepted = leading_matches(drafts, labels, valid)  # m per anchor
 
@@ -254,7 +272,7 @@ class DrafterObjective:
         inside = second < length
         second = second.clamp(max=length - 1)
         second_valid = anchor_valid & inside & torch.gather(loss_mask.bool(), 1, second)
-        second_blocks = _block_ids(input_ids, second, size, config.mask_token_id)
+        second_blocks = block_ids(input_ids, second, size, config.mask_token_id)
         second_labels, second_label_valid = block_labels(input_ids, loss_mask, second, second_valid, size)
 
         batch_size, num_blocks = anchors.shape
@@ -288,10 +306,12 @@ class DrafterObjective:
             states.last_hidden_state,
             topk,
         )
+        if plain_loss is not None:
+            loss_sum = loss_sum + self.plain_weight * plain_loss
         valid_count = anchor_valid.sum().float()
         metrics["first_draft_tau"] = (((accepted + 1) * anchor_valid).sum().float(), valid_count)
         metrics["carry_rows"] = (((size - 1 - accepted) * anchor_valid).sum().float(), valid_count)
         return ObjectiveOutput(loss_sum, num_anchors, metrics)
 
 
-__all__ = ["DrafterObjective", "ObjectiveOutput", "metric_names"]
+__all__ = ["DrafterObjective", "ObjectiveOutput", "block_ids", "metric_names"]

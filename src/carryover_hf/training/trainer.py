@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Any
@@ -14,18 +15,21 @@ from transformers.utils import logging
 
 from ..compatibility import check_compatibility, check_target
 from ..modeling_carryover import CarryoverDrafterModel
-from .arguments import OBJECTIVES, CarryoverTrainingArguments
+from .arguments import DECODING_MAX_TOKENS, OBJECTIVES, CarryoverTrainingArguments
 from .collator import CarryoverDataCollator
 from .data import check_training_dataset, row_lengths
 from .feature_store import FeatureStore
 from .lora import base_drafter, is_peft_model, load_extra_trainable_state, save_extra_trainable_state
 from .losses import DISTILLATION_KINDS, default_gamma
 from .objectives import DrafterObjective, metric_names
+from .replay import decoding_tau
 from .verification import check_target_attention
 
 logger = logging.get_logger(__name__)
 
-_DEFAULTS = {"num_anchors": 512, "loss_decay_gamma": None, "distillation": None, "distillation_weight": 0.9}
+_DEFAULTS = {"num_anchors": 512, "loss_decay_gamma": None, "distillation": None, "distillation_weight": 0.9,
+             "anchor_skip_repeated": 0, "carryover_plain_weight": 0.0, "eval_decoding_tau": True,
+             "eval_decoding_max_tokens": DECODING_MAX_TOKENS}  # fmt: skip
 
 
 class _AnchorEpochCallback(TrainerCallback):
@@ -158,7 +162,8 @@ class CarryoverTrainer(Trainer):
         if data_collator is None:
             pad = text.pad_token_id if isinstance(getattr(text, "pad_token_id", None), int) else 0
             seed = args.data_seed if args.data_seed is not None else args.seed
-            data_collator = CarryoverDataCollator(num_anchors=options["num_anchors"], seed=seed, pad_token_id=pad)
+            data_collator = CarryoverDataCollator(num_anchors=options["num_anchors"], seed=seed, pad_token_id=pad,
+                                                  skip_repeated=options["anchor_skip_repeated"])  # fmt: skip
         if args.ddp_find_unused_parameters is None:
             # The LM-head path runs outside the drafter's forward; DDP's unused-parameter search would misread it.
             args.ddp_find_unused_parameters = False
@@ -174,10 +179,14 @@ class CarryoverTrainer(Trainer):
         self.target_model = target_model
         gamma = options["loss_decay_gamma"] or default_gamma(drafter.config.block_size)
         self.drafter_objective = DrafterObjective(
-            target_model, self.objective, gamma, options["distillation"], options["distillation_weight"]
+            target_model, self.objective, gamma, options["distillation"], options["distillation_weight"],
+            plain_weight=options["carryover_plain_weight"],
         )
         self._metric_names = metric_names(self.objective, drafter.config.block_size)
         self._metric_sums: dict[str, torch.Tensor] = {}
+        self.decoding_replay = options["eval_decoding_tau"], options["eval_decoding_max_tokens"]
+        if self.decoding_replay[1] is not None and self.decoding_replay[1] < 2:
+            raise ValueError(f"eval_decoding_max_tokens must be at least 2 or None, got {self.decoding_replay[1]}.")
 
         callbacks = list(callbacks or [])
         if hasattr(data_collator, "set_epoch"):
@@ -211,6 +220,16 @@ class CarryoverTrainer(Trainer):
             batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
             return _SeededLengthGroupedSampler(batch, row_lengths(dataset), self.args.data_seed or self.args.seed)
         return super()._get_train_sampler(train_dataset)
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        """Evaluation draws its anchors from every position: `anchor_skip_repeated` shapes training only."""
+        collator = self.data_collator
+        if isinstance(collator, CarryoverDataCollator) and collator.skip_repeated:
+            self.data_collator = dataclasses.replace(collator, skip_repeated=0)
+        try:
+            return super().get_eval_dataloader(eval_dataset)
+        finally:
+            self.data_collator = collator
 
     def _remove_unused_columns(self, dataset, description: str | None = None):
         return dataset
@@ -254,6 +273,18 @@ class CarryoverTrainer(Trainer):
             output = self._run_objective(model, inputs, "eval")
         loss = (output.loss_sum / output.num_anchors.clamp(min=1)).detach()
         return loss, None, None
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix: str = "eval"):  # fmt: skip
+        """The Trainer's loop, then (with `eval_decoding_tau`) greedy decoding replayed on the same rows:
+        `<prefix>_tau_decoding`, the plain draft's acceptance length along decoding rounds."""
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        enabled, max_tokens = self.decoding_replay
+        if enabled:
+            drafter = self._unwrapped_drafter(self.model)
+            tau = decoding_tau(self.drafter_objective, drafter, dataloader.dataset, (max_tokens,))[max_tokens]
+            output.metrics[f"{metric_key_prefix}_tau_decoding"] = round(tau, 4)
+        return output
 
     # -- metrics -------------------------------------------------------------------------------------------------
     def _record_metrics(self, mode: str, metrics: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:

@@ -447,7 +447,7 @@ def to_markdown(report: Mapping[str, Any]) -> str:
     if multi_turn:
         lines += ["", f"{multi_turn} multi-turn prompts were benchmarked on their first turn only."]
     memory = report.get("policy_memory")
-    if memory and any(m.get("kind") == "policy" for m in report["methods"]):
+    if memory and any(m.get("kind") in ("policy", "policy_alone") for m in report["methods"]):
         lines += ["", _policy_memory_note(memory)]
     correctness = report["correctness"]
     for block in report["results"]:

@@ -3,7 +3,8 @@
 Methods (see `METHOD_KINDS`): the target alone, Transformers' prompt lookup decoding, and per drafter: Transformers'
 native DFlash path with the drafter's weights, the drafter with its carry segment off and with it on (full blocks
 every round), the drafter's own rule-based proposal defaults (`rules`: its lookup, backoffs and confidence cut) and
-the cost-aware round policy (`policy`: `round_policy="cost"`). For each
+the cost-aware round policy (`policy`: `round_policy="cost"`; `policy_alone`: the same with the drafter as its only
+source, `suffix_match=False`: the drafter alone with the length chosen per round). For each
 prompt all methods run back to back, starting at a different method for each prompt, so that machine drift and
 warm caches affect all of them alike.
 
@@ -48,8 +49,9 @@ from .overhead import check_new_context_rows
 from .prompts import Prompt, encode_prompt
 
 GLOBAL_METHODS = ("target", "prompt_lookup")
-DRAFTER_METHODS = ("dflash_native", "carry_off", "carry_on", "rules", "policy")
+DRAFTER_METHODS = ("dflash_native", "carry_off", "carry_on", "rules", "policy", "policy_alone")
 METHOD_KINDS = GLOBAL_METHODS + DRAFTER_METHODS
+DEFAULT_METHODS = tuple(kind for kind in METHOD_KINDS if kind != "policy_alone")  # a diagnostic: asked for by name
 # What a drafter's round policy starts each timed call from (see `--policy_memory`).
 POLICY_MEMORY_MODES = {
     "warmup": "what it learnt on the warm-up generations (the same state, restored before every timed call)",
@@ -72,7 +74,7 @@ class BenchmarkSettings:
     max_new_tokens: int = field(default=128, metadata={"help": "New tokens per prompt (fewer if the target stops)."})
     seed: int = field(default=0, metadata={"help": "Seed: prompt i of every method is generated after set_seed(seed + i)."})
     methods: list[str] = field(
-        default_factory=lambda: list(METHOD_KINDS),
+        default_factory=lambda: list(DEFAULT_METHODS),
         metadata={"help": f"Methods to run, from {list(METHOD_KINDS)}; drafter methods run for every drafter."},
     )
     prompt_lookup_num_tokens: int = field(default=10, metadata={"help": "Drafts per round of prompt lookup decoding."})
@@ -244,8 +246,9 @@ class Method:
                     "lookup_backoff": self.lookup_backoff or 0, "round_policy": "rules"}
         if self.kind == "rules":  # the drafter's own proposal defaults, under the rule-based policy
             return {"round_policy": "rules"}
-        if self.kind == "policy":
-            return {"round_policy": "cost", "verification_cost": verification_cost(settings)}
+        if self.kind in ("policy", "policy_alone"):
+            return {"round_policy": "cost", "verification_cost": verification_cost(settings),
+                    "suffix_match": self.kind == "policy"}  # fmt: skip
         return {}
 
     def describe(self) -> dict[str, Any]:
@@ -527,7 +530,8 @@ def build_methods(
                     Method(label, kind, name, drafter, carry, threshold and float(threshold), backoff, lookup, lookup_backoff)
                 )
         # The drafter's own defaults (carry included) under each round policy: what a plain generate call runs.
-        methods += [Method(f"{name}/{kind}", kind, name, drafter) for kind in ("rules", "policy") if kind in settings.methods]
+        methods += [Method(f"{name}/{kind}", kind, name, drafter) for kind in ("rules", "policy", "policy_alone")
+                    if kind in settings.methods]  # fmt: skip
     if settings.keep_methods:
         names = [m.name for m in methods] + [s["name"] for s in skipped]
         unmatched = [p for p in settings.keep_methods if not fnmatch.filter(names, p)]
@@ -543,13 +547,17 @@ def build_methods(
 
 
 def default_comparisons(methods: Sequence[Method], drafter_names: Sequence[str]) -> list[tuple[str, str]]:
-    """Carry on vs off per drafter; off vs native DFlash; the cost-aware policy against the rules and full blocks; and
+    """Carry on vs off per drafter; off vs native DFlash; the cost-aware policy against the rules and full blocks (and
+    with the drafter as its only source against full blocks and against the policy with the suffix match); and
     each later drafter against each earlier one."""
     names = {m.name for m in methods}
     pairs = []
     for d in drafter_names:
         pairs += [(f"{d}/carry_on", f"{d}/carry_off"), (f"{d}/carry_off", f"{d}/dflash_native")]
         pairs += [(f"{d}/policy", f"{d}/rules"), (f"{d}/policy", f"{d}/carry_on")]
+        # The drafter alone with the length chosen per round against full blocks; what the suffix match adds to it.
+        pairs += [(f"{d}/policy_alone", f"{d}/carry_off"), (f"{d}/policy_alone", f"{d}/carry_on"),
+                  (f"{d}/policy", f"{d}/policy_alone")]  # fmt: skip
         # Adaptive proposal length and backoff against the same method with the full block, every round.
         pairs += [(m.name, f"{d}/{m.kind}") for m in methods
                   if m.drafter_name == d and (m.confidence_threshold or m.proposal_backoff or m.lookup_drafts)]  # fmt: skip
