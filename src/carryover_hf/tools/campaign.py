@@ -62,9 +62,9 @@ CARRY = "carry"  # in a milestone's folder: its carryover comparison
 TAU_NOTE = (
     "Held-out τ, teacher-forced: 1 + leading correct drafts, averaged over anchors drawn uniformly from the held-out "
     "responses (the training metric). Decoding: full-block greedy decoding replayed on the same rows, over the first "
-    "128 tokens of each response (`carryover_hf.training.replay`): the drafter-alone acceptance length of a generate "
-    "call on them. It is the lower one wherever acceptance varies along a response: decoding meets a hard stretch "
-    "once per token and an easy one once per long round."
+    "{tokens} tokens of each response (`carryover_hf.training.replay`): the drafter-alone acceptance length of a "
+    "generate call on them. It is the lower one wherever acceptance varies along a response: decoding meets a hard "
+    "stretch once per token and an easy one once per long round."
 )
 BRANCH_RECORD = "branch.json"
 # Settings a resume may change: they only shape the carryover comparisons taken from milestones, never the trunk.
@@ -594,10 +594,11 @@ def backfill_decoding_tau(campaign: Campaign, trainers: "_Trainers") -> None:
     from ..training.objectives import DrafterObjective
     from ..training.replay import decoding_tau
 
+    objective = DrafterObjective(trainers.target)
     for milestone in campaign.milestones():
         if milestone.get("eval_tau_decoding") is None and (Path(milestone["folder"]) / "config.json").is_file():
             drafter = CarryoverDrafterModel.from_pretrained(milestone["folder"], dtype=torch.float32).eval()
-            tau = decoding_tau(DrafterObjective(trainers.target), drafter, trainers.eval_rows, (limit,))[limit]
+            tau = decoding_tau(objective, drafter, trainers.eval_rows, (limit,))[limit]
             campaign.add_milestone({**milestone, "eval_tau_decoding": round(tau, 4)})
             print(f"campaign: milestone {milestone['index']}: held-out tau (decoding) {tau:.3f}", flush=True)
 
@@ -812,10 +813,12 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> 
     weights in bfloat16) and the campaign state `start --from` reads."""
     import shutil
 
+    from ..training.arguments import DECODING_MAX_TOKENS
+
     data = curve(campaign)
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "curve.json", data)
-    lines = [f"# Campaign {data['config']['name']}", "", TAU_NOTE, "",
+    lines = [f"# Campaign {data['config']['name']}", "", TAU_NOTE.format(tokens=DECODING_MAX_TOKENS), "",
              "| step | training core-hours | held-out τ (teacher-forced) | held-out τ (decoding) | held-out loss |",
              "| --- | --- | --- | --- | --- |"]  # fmt: skip
     lines += [f"| {p['step']} | {p['core_hours'] or 0:.3f} | {p['tau']:.3f} | {_number(p.get('tau_decoding'))} | "

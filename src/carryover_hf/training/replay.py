@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from ..regenerated import response_spans
-from .collator import CarryoverDataCollator, valid_anchor_positions
+from .collator import valid_anchor_positions
 from .losses import block_labels, leading_matches
 from .verification import target_forward
 
@@ -44,20 +44,19 @@ def anchor_acceptance(objective, drafter, row: dict, max_tokens: int | None = No
         for first, stop in response_spans(loss_mask.tolist()):
             reach[first : min(stop - 1, first + max_tokens - 1)] = True
         anchors_all = anchors_all[reach[anchors_all]]
-    collate = CarryoverDataCollator(num_anchors=max(1, len(anchors_all)))
-    batch = collate([row])
-    batch = {key: value.to(drafter.device) for key, value in batch.items()}
-    if "target_features" in batch:
-        features = batch["target_features"].to(drafter.dtype)
+    input_ids = torch.as_tensor(row["input_ids"], dtype=torch.long, device=drafter.device)[None]  # (1, T): one row
+    if "target_features" in row:
+        features = torch.as_tensor(row["target_features"]).to(drafter.device, drafter.dtype)[None]
     else:
-        features = target_forward(objective.target, batch["input_ids"], batch["attention_mask"],
+        features = target_forward(objective.target, input_ids, torch.ones_like(input_ids),
                                   drafter.config.target_layer_ids).features  # fmt: skip
-    tau = torch.zeros(batch["input_ids"].shape[1], dtype=torch.long, device=drafter.device)
+    loss_mask = loss_mask.to(drafter.device)[None]
+    tau = torch.zeros(input_ids.shape[1], dtype=torch.long, device=drafter.device)
     for lo in range(0, len(anchors_all), chunk):
         anchors = anchors_all[lo : lo + chunk].to(drafter.device)[None]
         valid = torch.ones_like(anchors, dtype=torch.bool)
-        blocks = block_ids(batch["input_ids"], anchors, size, drafter.config.mask_token_id)
-        labels, label_valid = block_labels(batch["input_ids"], batch["loss_mask"], anchors, valid, size)
+        blocks = block_ids(input_ids, anchors, size, drafter.config.mask_token_id)
+        labels, label_valid = block_labels(input_ids, loss_mask, anchors, valid, size)
         hidden = objective.run_drafter(drafter, drafter, blocks, anchors, features)
         drafts = objective.greedy_drafts(drafter, hidden, blocks[..., 0])
         tau[anchors[0]] = leading_matches(drafts, labels, label_valid)[0] + 1
