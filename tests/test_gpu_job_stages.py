@@ -67,7 +67,7 @@ def test_bf16_divergence_records_identical_outputs_in_float32(chat_pair):
 
 def test_round_profile_on_a_tiny_target():
     result = profile.round_profile("cpu", torch.float32, "tiny", time.monotonic() + 60, context_lengths=(32, 64),
-                                   repeats=3, warmup=1, generate_tokens=(4, 12))  # fmt: skip
+                                   repeats=3, warmup=1, generate_tokens=(4, 24))  # fmt: skip
     assert not result["incomplete"]
     assert [row["context_length"] for row in result["by_context_length"]] == [32, 64]
     for row in result["by_context_length"]:

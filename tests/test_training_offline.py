@@ -16,7 +16,7 @@ from carryover_hf.training.feature_store import (
     FeatureStoreError,
     build_features,
 )
-from carryover_hf.training.initialization import initialize_from_target
+from carryover_hf.training.initialization import grow_layers, initialize_from_target
 from carryover_hf.training.losses import DenseTeacher, TopKTeacher, draft_losses, head_row_losses
 from carryover_hf.training.objectives import DrafterObjective
 from carryover_hf.training.synthetic import regenerate_random_prompts
@@ -401,6 +401,28 @@ def test_init_from_target_copies_the_final_norm_and_a_layer(target):
     assert "layers.0.self_attn.q_norm.weight" not in copied  # Llama layers have no q/k norms
     with pytest.raises(ValueError, match="first copied layer"):
         initialize_from_target(drafter, target, layer=target.config.num_hidden_layers)
+
+
+def test_a_grown_drafter_computes_what_it_did_until_trained(target):
+    """grow_layers: the new layers start as the target's last layer with zeroed output projections, so the deeper
+    drafter's outputs equal the trained one's; training then moves the new layers (their gradients are not zero)."""
+    drafter = make_drafter(target, drafter_type="markov", seed=3, draft_ids=torch.arange(0, target.config.vocab_size, 2))
+    grown = grow_layers(drafter, target, 3)
+    assert grown.config.num_hidden_layers == 3 and drafter.config.num_hidden_layers == 1  # the original is untouched
+    source = target.model.layers[-1]
+    assert torch.equal(grown.layers[2].self_attn.q_proj.weight, source.self_attn.q_proj.weight)
+    assert not grown.layers[1].mlp.down_proj.weight.any() and not grown.layers[2].self_attn.o_proj.weight.any()
+    hidden = target.config.hidden_size
+    torch.manual_seed(0)
+    inputs = {"block_embeds": torch.randn(1, BLOCK, hidden), "block_position_ids": torch.arange(9, 9 + BLOCK)[None],
+              "context_features": torch.randn(1, 9, hidden * len(LAYERS)), "context_position_ids": torch.arange(9)[None]}  # fmt: skip
+    before = drafter(**inputs).last_hidden_state
+    after = grown(**inputs).last_hidden_state
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-6)
+    after.square().sum().backward()
+    assert grown.layers[1].self_attn.o_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="cannot grow to 0"):
+        grow_layers(drafter, target, 0)
 
 
 def test_float16_storage_refuses_states_beyond_its_range(target, rows, tmp_path):

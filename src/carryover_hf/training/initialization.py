@@ -89,4 +89,40 @@ def initialize_from_target(
     return copied
 
 
-__all__ = ["initialize_from_target", "last_layers"]
+@torch.no_grad()
+def grow_layers(drafter: CarryoverDrafterModel, target, num_layers: int) -> CarryoverDrafterModel:
+    """A deeper copy of a trained `drafter` that computes exactly what it did: its layers first, then new ones up to
+    `num_layers`, each a copy of the target's last layer with its output projections (`o_proj`, `down_proj`) zeroed,
+    so a new layer adds nothing to the residual stream until training moves them (their other weights start where a
+    new drafter's would: `initialize_from_target`). Everything else (embeddings of the context, norms, heads, draft
+    vocabulary) is the drafter's own. `drafter` is left as it is.
+    """
+    have = drafter.config.num_hidden_layers
+    if num_layers < have:
+        raise ValueError(f"grow_layers: the drafter has {have} layers already; it cannot grow to {num_layers}.")
+    config = drafter.config.__class__.from_dict(drafter.config.to_dict())
+    config.num_hidden_layers = num_layers
+    config._attn_implementation = drafter.config._attn_implementation
+    grown = CarryoverDrafterModel(config).to(dtype=drafter.dtype, device=drafter.device)
+    missing, unexpected = grown.load_state_dict(drafter.state_dict(), strict=False)
+    new = {key for key in grown.state_dict() if key.startswith("layers.") and int(key.split(".")[1]) >= have}
+    if unexpected or not set(missing) <= new:
+        raise ValueError(f"grow_layers: the drafter's weights do not fit its deeper copy ({sorted(unexpected)[:3]}, "
+                         f"{sorted(set(missing) - new)[:3]}).")  # fmt: skip
+    source = _decoder(target).layers[-1]
+    for layer in grown.layers[have:]:
+        layer.load_state_dict(_target_layer_weights(source, layer), strict=False)
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    grown.generation_config = drafter.generation_config
+    return grown
+
+
+def _target_layer_weights(source, layer) -> dict[str, torch.Tensor]:
+    """The weights of target layer `source` that drafter `layer` has, by name, where their shapes agree."""
+    mine = dict(layer.named_parameters())
+    return {name: weight for name, weight in source.named_parameters()
+            if name in _LAYER_WEIGHTS and name in mine and mine[name].shape == weight.shape}  # fmt: skip
+
+
+__all__ = ["grow_layers", "initialize_from_target", "last_layers"]
