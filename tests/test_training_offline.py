@@ -409,6 +409,8 @@ def test_a_grown_drafter_computes_what_it_did_until_trained(target):
     drafter = make_drafter(target, drafter_type="markov", seed=3, draft_ids=torch.arange(0, target.config.vocab_size, 2))
     grown = grow_layers(drafter, target, 3)
     assert grown.config.num_hidden_layers == 3 and drafter.config.num_hidden_layers == 1  # the original is untouched
+    assert grown.generation_config.to_dict() == drafter.generation_config.to_dict()
+    assert grown.generation_config is not drafter.generation_config
     source = target.model.layers[-1]
     assert torch.equal(grown.layers[2].self_attn.q_proj.weight, source.self_attn.q_proj.weight)
     assert not grown.layers[1].mlp.down_proj.weight.any() and not grown.layers[2].self_attn.o_proj.weight.any()

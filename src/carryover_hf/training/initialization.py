@@ -8,6 +8,8 @@ lacks (Qwen3-style q/k norms for a Llama target) keep their default initialisati
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers.utils import logging
 
@@ -114,7 +116,7 @@ def grow_layers(drafter: CarryoverDrafterModel, target, num_layers: int) -> Carr
         layer.load_state_dict(_target_layer_weights(source, layer), strict=False)
         layer.self_attn.o_proj.weight.zero_()
         layer.mlp.down_proj.weight.zero_()
-    grown.generation_config = drafter.generation_config
+    grown.generation_config = copy.deepcopy(drafter.generation_config)  # its proposal defaults, not shared
     return grown
 
 
