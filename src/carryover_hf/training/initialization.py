@@ -102,9 +102,8 @@ def grow_layers(drafter: CarryoverDrafterModel, target, num_layers: int) -> Carr
     have = drafter.config.num_hidden_layers
     if num_layers < have:
         raise ValueError(f"grow_layers: the drafter has {have} layers already; it cannot grow to {num_layers}.")
-    config = drafter.config.__class__.from_dict(drafter.config.to_dict())
+    config = copy.deepcopy(drafter.config)
     config.num_hidden_layers = num_layers
-    config._attn_implementation = drafter.config._attn_implementation
     grown = CarryoverDrafterModel(config).to(dtype=drafter.dtype, device=drafter.device)
     missing, unexpected = grown.load_state_dict(drafter.state_dict(), strict=False)
     new = {key for key in grown.state_dict() if key.startswith("layers.") and int(key.split(".")[1]) >= have}

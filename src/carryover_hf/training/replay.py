@@ -42,7 +42,7 @@ def anchor_acceptance(objective, drafter, row: dict, max_tokens: int | None = No
     if max_tokens is not None:
         reach = torch.zeros(len(loss_mask), dtype=torch.bool)
         for first, stop in response_spans(loss_mask.tolist()):
-            reach[first : min(stop - 1, first + max_tokens - 1)] = True
+            reach[first : _last_replayed(first, stop, max_tokens)] = True
         anchors_all = anchors_all[reach[anchors_all]]
     input_ids = torch.as_tensor(row["input_ids"], dtype=torch.long, device=drafter.device)[None]  # (1, T): one row
     if "target_features" in row:
@@ -63,12 +63,17 @@ def anchor_acceptance(objective, drafter, row: dict, max_tokens: int | None = No
     return tau.cpu()
 
 
+def _last_replayed(first: int, stop: int, max_tokens: int | None) -> int:
+    """The position of the last token a replay of response span `[first, stop)` reaches (its first `max_tokens`)."""
+    return stop - 1 if max_tokens is None else min(stop - 1, first + max_tokens - 1)
+
+
 def replay_rounds(tau: Sequence[int], loss_mask: Sequence[int], max_tokens: int | None = None) -> list[int]:
     """Tokens per round of greedy decoding over each response segment (at most its first `max_tokens` tokens, as
     `max_new_tokens` would stop it), from `anchor_acceptance`."""
     rounds = []
     for first, stop in response_spans(loss_mask):
-        end = stop - 1 if max_tokens is None else min(stop - 1, first + max_tokens - 1)  # the last token replayed
+        end = _last_replayed(first, stop, max_tokens)
         position = first  # produced by the prefill; every round then drafts from the last token it has
         while position < end:
             step = max(1, min(int(tau[position]), end - position))
