@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from carryover_hf.errors import UsageError
 from carryover_hf.tools import campaign as campaign_module
-from carryover_hf.tools.campaign import Campaign, CampaignConfig, milestone_core_hours, run, write_report
+from carryover_hf.tools.campaign import Campaign, CampaignConfig, extrapolate, milestone_core_hours, run, write_report
 from carryover_hf.tools.testing import tiny_target
 from carryover_hf.training.feature_store import FeatureStore
 from carryover_hf.training.synthetic import regenerate_random_prompts
@@ -141,6 +141,10 @@ def test_milestones_at_doublings_are_decayed_benchmarked_and_reported(target, da
     assert {p.name for p in out.iterdir()} == {"curve.json", "curve.md", "curve.png"}
     assert data["eval"] and data["milestones"] == milestones
     assert "T=0" in (out / "curve.md").read_text() and "held-out τ (decoding)" in (out / "curve.md").read_text()
+    # Every target of the issue gets a line, on the milestones that measured its metric.
+    assert [(r["metric"], r["target"]) for r in data["extrapolation"]] == [(k, t) for k, _, t in campaign_module.CURVE_TARGETS]
+    assert data["extrapolation"][0]["points"] == min(len(milestones), campaign_module.EXTRAPOLATION_WINDOW)
+    assert "core-hours to the target" in (out / "curve.md").read_text()
     assert (kept / "model.safetensors").is_file() and (kept / "config.json").is_file()
 
 
@@ -305,3 +309,16 @@ def test_a_carryover_comparison_cut_short_by_a_stop_is_taken_when_the_campaign_r
     # The next run takes the newest milestone's comparison before the trunk goes on.
     run(campaign.dir, target=target, progress=False, stop_after_steps=3)
     assert "carry" in next(m for m in campaign.milestones() if m["index"] == newest["index"])
+
+
+def test_targets_are_extrapolated_along_the_newest_milestones_gain_per_doubling():
+    # 0.25 a doubling from 1.0 at one core-hour; the first point lies off the line and falls outside the window.
+    points = [(0.5, 0.1), (1.0, 1.0), (2.0, 1.25), (4.0, 1.5)]
+    record = extrapolate(points, 2.0)
+    assert record["status"] == "extrapolated" and record["points"] == 3
+    assert record["gain_per_doubling"] == pytest.approx(0.25) and record["core_hours"] == pytest.approx(16.0)
+    assert extrapolate(points, 1.5)["status"] == "reached"
+    flat = extrapolate([(1.0, 2.0), (2.0, 1.9), (4.0, 1.95)], 2.5)
+    assert flat["status"] == "not on this trend" and flat["core_hours"] is None and flat["gain_per_doubling"] < 0
+    assert extrapolate([(1.0, 1.0), (2.0, 1.2)], 2.0)["status"] == "too few points"
+    assert extrapolate([], 2.0)["status"] == "too few points"

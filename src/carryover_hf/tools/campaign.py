@@ -808,6 +808,69 @@ def curve(campaign: Campaign) -> dict:
             "milestones": campaign.milestones()}  # fmt: skip
 
 
+# The issue's targets for a drafter on its own (metric key, label, value): the milestones' held-out decoding tau, and
+# the drafter-alone speedup with each round's length chosen by the cost policy, at each temperature.
+CURVE_TARGETS = (
+    ("tau_decoding", "held-out τ (decoding)", 2.5),
+    ("tau_decoding", "held-out τ (decoding)", 3.5),
+    ("T=0 adaptive speedup", "drafter alone, T = 0, adaptive length", 1.3),
+    ("T=1 adaptive speedup", "drafter alone, T = 1, adaptive length", 1.15),
+)
+EXTRAPOLATION_WINDOW = 3  # the newest milestones a trend is fitted on: the curve bends, early doublings gain most
+
+
+def milestone_metric(milestone: dict, key: str) -> float | None:
+    """One of the `CURVE_TARGETS` metrics of a milestone (None where it was not measured)."""
+    if key == "tau_decoding":
+        return milestone.get("eval_tau_decoding")
+    temperature = key.split()[0]
+    adaptive = ((milestone.get("bench") or {}).get(temperature) or {}).get("adaptive") or {}
+    return (adaptive.get("speedup") or {}).get("estimate")
+
+
+def extrapolate(points: list[tuple[float, float]], target: float, window: int = EXTRAPOLATION_WINDOW) -> dict:
+    """Training core-hours at which a metric would reach `target` if it kept the trend of its newest `window` points
+    (core-hours, value): a least-squares line in log2(core-hours), i.e. a fixed gain per doubling of compute.
+
+    `status` is "reached" (the newest point is at or above the target), "extrapolated" (with `core_hours`),
+    "not on this trend" (the fitted gain per doubling is zero or negative) or "too few points" (fewer than 3)."""
+    import math
+
+    used = sorted(points)[-window:]
+    record: dict[str, Any] = {"target": target, "points": len(used), "latest": used[-1][1] if used else None,
+                              "gain_per_doubling": None, "core_hours": None}  # fmt: skip
+    if used and used[-1][1] >= target:
+        return {**record, "status": "reached"}
+    if len(used) < 3:
+        return {**record, "status": "too few points"}
+    xs, ys = [math.log2(h) for h, _ in used], [v for _, v in used]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread if spread else 0.0
+    record["gain_per_doubling"] = slope
+    if slope <= 0:
+        return {**record, "status": "not on this trend"}
+    return {**record, "status": "extrapolated", "core_hours": 2 ** (mean_x + (target - mean_y) / slope)}
+
+
+def extrapolations(milestones: list[dict]) -> list[dict]:
+    """`extrapolate` for each of the `CURVE_TARGETS`, on the milestones that measured its metric."""
+    out = []
+    for key, label, target in CURVE_TARGETS:
+        points = [(m["core_hours"], value) for m in milestones if (value := milestone_metric(m, key)) is not None]
+        out.append({"metric": key, "label": label, **extrapolate(points, target)})
+    return out
+
+
+def _extrapolation_line(record: dict) -> str:
+    gain = record["gain_per_doubling"]
+    gain = "–" if gain is None else f"{gain:+.3f}"
+    where = {"reached": "reached", "too few points": "too few milestones measured it",
+             "not on this trend": "not reached on this trend",
+             "extrapolated": f"about {record.get('core_hours') or 0:,.0f} core-hours"}[record["status"]]  # fmt: skip
+    return f"| {record['label']} | {record['target']:g} | {_number(record['latest'])} | {gain} | {where} |"
+
+
 def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> dict:
     """curve.json, curve.md and curve.png in `out`; with `weights`, the newest milestone's drafter folder there (its
     weights in bfloat16) and the campaign state `start --from` reads."""
@@ -816,6 +879,7 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> 
     from ..training.arguments import DECODING_MAX_TOKENS
 
     data = curve(campaign)
+    data["extrapolation"] = extrapolations(data["milestones"])
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "curve.json", data)
     lines = [f"# Campaign {data['config']['name']}", "", TAU_NOTE.format(tokens=DECODING_MAX_TOKENS), "",
@@ -840,6 +904,14 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> 
             taus = f"{carryover['eval_first_draft_tau']:.3f} / {carryover['eval_tau']:.3f} / {continued['eval_tau']:.3f}"
             lines.append(f"| {m['index']} | {c['steps']} | {taus} | {_carry_line(c)} |")
         lines += ["", "Each comparison's record and bench table: `carry-mNN/` (carry.json, results.md)."]
+    if data["milestones"]:
+        intro = (f"Targets, extrapolated: a line in log2(core-hours) through the newest {EXTRAPOLATION_WINDOW} "
+                 "milestones that measured the metric: a fixed gain per doubling of compute, a trend and not a promise "
+                 "(the trunk's own held-out τ between milestones is in the first table):")  # fmt: skip
+        lines += ["", intro, "",
+                  "| metric | target | newest milestone | gain per doubling | core-hours to the target |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [_extrapolation_line(r) for r in data["extrapolation"]]
     (out / "curve.md").write_text("\n".join(lines) + "\n")
     _plot(data, out / "curve.png")
     for m in compared:  # each comparison's record and bench table beside the curve (its runs stay in the campaign)
