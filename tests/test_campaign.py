@@ -106,6 +106,7 @@ def test_milestones_at_doublings_are_decayed_benchmarked_and_reported(target, da
         assert m["core_hours"] >= milestone_core_hours(config, m["index"])
         assert m["decay_steps"] == max(2, round(0.25 * m["step"])) and m["final_learning_rate"] == pytest.approx(0.0)
         assert m["eval_tau"] >= 1 and m["eval_tau_decoding"] >= 1
+        assert 1 <= m["eval_tau_t1"] <= config.block_size  # the expected acceptance length of sampled drafts
         bench = m["bench"]["T=0"]
         assert bench["prompts"] == 2 and bench["speedup"]["estimate"] > 0 and bench["tau"]["estimate"] >= 1
         adaptive = bench["adaptive"]  # the drafter alone, each round's length chosen by the cost policy

@@ -17,7 +17,13 @@ from carryover_hf.training.feature_store import (
     build_features,
 )
 from carryover_hf.training.initialization import grow_layers, initialize_from_target
-from carryover_hf.training.losses import DenseTeacher, TopKTeacher, draft_losses, head_row_losses
+from carryover_hf.training.losses import (
+    DenseTeacher,
+    TopKTeacher,
+    draft_losses,
+    head_row_losses,
+    sampled_acceptance_metrics,
+)
 from carryover_hf.training.objectives import DrafterObjective
 from carryover_hf.training.synthetic import regenerate_random_prompts
 from carryover_hf.training.vocabulary import build_draft_vocabulary, draft_vocabulary, response_token_counts
@@ -389,6 +395,42 @@ def test_sparse_teacher_over_the_whole_vocabulary_equals_the_dense_teacher(targe
         sparse, _ = head_row_losses(hidden, head, labels, teacher=TopKTeacher(ids, values, head.to_draft_indices),
                                     distillation=kind, distillation_weight=1.0)  # fmt: skip
         torch.testing.assert_close(sparse, dense, atol=1e-5, rtol=1e-5)
+
+
+def test_overlap_is_the_probability_that_a_sampled_draft_is_accepted(target):
+    # Speculative sampling accepts a draft x ~ q with probability min(1, p(x) / q(x)): in expectation Σ min(p, q).
+    torch.manual_seed(2)
+    drafter = make_drafter(target, "markov", draft_ids=list(range(0, target.config.vocab_size, 2)))
+    head = drafter.draft_head(target.get_output_embeddings())
+    hidden, labels = torch.randn(11, drafter.config.hidden_size), torch.randint(0, target.config.vocab_size, (11,))
+    markov = drafter.markov_head(torch.randint(0, target.config.vocab_size, (11,))).float()
+    states = torch.randn(11, target.config.hidden_size)
+    teacher = DenseTeacher(states, target.get_output_embeddings(), head.token_ids)
+    with torch.no_grad():
+        q = torch.softmax(head(hidden) + markov, -1)
+        p = torch.softmax(target.get_output_embeddings()(states).index_select(-1, head.token_ids), -1)
+        expected = torch.minimum(p, q).sum(-1)
+        for chunk in (1 << 30, 3 * head.size):
+            _, _, overlap = head_row_losses(hidden, head, labels, transition=lambda s, e: markov[s:e], teacher=teacher,
+                                            max_chunk_elements=chunk, overlap=True)  # fmt: skip
+            torch.testing.assert_close(overlap, expected)
+        # The same from the stored top-k when it holds the whole draft vocabulary.
+        values, ids = torch.log_softmax(target.get_output_embeddings()(states), -1).topk(target.config.vocab_size, -1)
+        _, _, sparse = head_row_losses(hidden, head, labels, transition=lambda s, e: markov[s:e],
+                                       teacher=TopKTeacher(ids, values, head.to_draft_indices), overlap=True)  # fmt: skip
+        torch.testing.assert_close(sparse, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="teacher|distribution"):
+        head_row_losses(hidden, head, labels, overlap=True)
+
+
+def test_sampled_acceptance_length_multiplies_the_overlaps_along_the_block():
+    overlap = torch.tensor([[[0.5, 0.5, 1.0], [0.2, 1.0, 1.0]]])
+    valid = torch.tensor([[[True, True, True], [True, True, False]]])
+    metrics = sampled_acceptance_metrics(overlap, valid, torch.tensor([[True, True]]))
+    total, count = metrics["tau_t1_teacher_forced"]
+    # 1 + 0.5 + 0.25 + 0.25 = 2.0 for the first anchor; 1 + 0.2 + 0.2 = 1.4 for the second (its row 3 is not valid).
+    assert count == 2 and total.item() == pytest.approx(3.4)
+    assert [v.item() for v in metrics["acceptance_t1_pos_01"]] == pytest.approx([0.7, 2.0])
 
 
 # -- initialisation from the target ---------------------------------------------------------------------------------

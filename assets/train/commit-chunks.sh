@@ -9,10 +9,14 @@ interval=${2:-600}
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
 [ -f "$run/regeneration.json" ] || { echo "$run is not a regeneration run folder" >&2; exit 2; }
 python=${PYTHON:-python}
+[ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ] && python=.venv/bin/python  # the checkout's environment, if any
+"$python" -c "import carryover_hf" || { echo "$python cannot import carryover_hf: set PYTHON" >&2; exit 2; }
 while true; do
   mapfile -t new < <(git ls-files --others --exclude-standard -- "$run/data/chunk-*.parquet")
   if [ ${#new[@]} -gt 0 ]; then
-    "$python" -c "import sys; from carryover_hf.tools.data.regenerate import summarize; summarize(sys.argv[1], write=True)" "$run"
+    if ! "$python" -c "import sys; from carryover_hf.tools.data.regenerate import summarize; summarize(sys.argv[1], write=True)" "$run"; then
+      echo "$(date -u +%FT%TZ) the summary of $run failed: nothing committed" >&2; sleep "$interval"; continue
+    fi
     files=("$run/regeneration.json")
     names=()
     for path in "${new[@]}"; do

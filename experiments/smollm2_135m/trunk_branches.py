@@ -9,7 +9,10 @@ end (loss, tau teacher-forced and as decoding sees it) with its training core-ho
   of the target's last layer with their output projections zeroed: the grown drafter computes exactly what the
   trained one did at step 0, so any difference is learned capacity);
 * `gamma<G>`: position weights `exp(-(j - 1) / G)` in the loss (`loss_decay_gamma`; the campaign's block 8 uses 4);
-* `new<N>`: no training anchor where the last N tokens occurred earlier in the row (`anchor_skip_repeated`).
+* `new<N>`: no training anchor where the last N tokens occurred earlier in the row (`anchor_skip_repeated`);
+* `tv<W>` / `kl<W>`: the distillation term as `(1 - W) CE + W D` with D total variation or KL to the target's stored
+  top-k (`distillation`, `distillation_weight`; the campaign's is `kl0.5`). Acceptance at T = 1 is `1 - TV(p, q)` a
+  position, which `tv` trains directly.
 
 2026-12-07, from trunk checkpoint 15,600 (results: benchmarks/results/smollm2-135m-depth-branches/):
 
@@ -52,7 +55,7 @@ def main() -> None:
     parser.add_argument("--weights", required=True, help="a saved drafter folder (a copied trunk checkpoint)")
     parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--learning_rate", type=float, default=None, help="default: the campaign's")
-    parser.add_argument("--branch", action="append", required=True, help="l1, l<N>, gamma<G> or new<N> (repeatable)")
+    parser.add_argument("--branch", action="append", required=True, help="l1, l<N>, gamma<G>, new<N>, tv<W> or kl<W> (repeatable)")
     parser.add_argument("--rows", type=int, default=None, help="train on the first N rows only")
     parser.add_argument("--out", default="../runs/depth-branches")
     args = parser.parse_args()
@@ -73,6 +76,8 @@ def main() -> None:
         layers = int(name[1:]) if name.startswith("l") else config.drafter_layers
         overrides = {"loss_decay_gamma": float(name[len("gamma"):])} if name.startswith("gamma") else {}
         overrides = {"anchor_skip_repeated": int(name[len("new"):])} if name.startswith("new") else overrides
+        if name.startswith(("tv", "kl")):
+            overrides = {"distillation": name[:2], "distillation_weight": float(name[2:])}
         started = time.process_time()
         training = training_arguments(config, out / name / "run", max_steps=args.steps, learning_rate=learning_rate,
                                       lr_scheduler_type="cosine", warmup_steps=max(1, args.steps // 10),
@@ -90,7 +95,10 @@ def main() -> None:
                   "learning_rate": learning_rate,
                   "core_hours": (time.process_time() - started) / 3600.0,
                   "eval_tau_teacher_forced": evaluation.get("eval_tau_teacher_forced"),
-                  "eval_tau_decoding": evaluation.get("eval_tau_decoding"), "eval_loss": evaluation.get("eval_loss")}  # fmt: skip
+                  "eval_tau_decoding": evaluation.get("eval_tau_decoding"),
+                  "eval_tau_t1_teacher_forced": evaluation.get("eval_tau_t1_teacher_forced"),
+                  "eval_acceptance_t1_pos_01": evaluation.get("eval_acceptance_t1_pos_01"),
+                  "eval_loss": evaluation.get("eval_loss")}  # fmt: skip
         (out / name / "branch.json").write_text(json.dumps(record, indent=1) + "\n")
         print(name, record, flush=True)
 

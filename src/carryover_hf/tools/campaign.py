@@ -64,7 +64,9 @@ TAU_NOTE = (
     "responses (the training metric). Decoding: full-block greedy decoding replayed on the same rows, over the first "
     "{tokens} tokens of each response (`carryover_hf.training.replay`): the drafter-alone acceptance length of a "
     "generate call on them. It is the lower one wherever acceptance varies along a response: decoding meets a hard "
-    "stretch once per token and an easy one once per long round."
+    "stretch once per token and an easy one once per long round. At T = 1 (from 2026-12-07): the expected acceptance "
+    "length of drafts sampled from the drafter, 1 + Σ_k Π_(j<=k) Σ_v min(p, q) at the held-out anchors, p the "
+    "target's stored top-k, teacher-forced like the first column."
 )
 BRANCH_RECORD = "branch.json"
 # Settings a resume may change: they only shape the carryover comparisons taken from milestones, never the trunk.
@@ -575,6 +577,7 @@ def record_milestone(campaign: Campaign, config: CampaignConfig, trainers: "_Tra
         "decay_core_hours": round((time.process_time() - started) / 3600.0, 5),
         "final_learning_rate": trainer.lr_scheduler.get_last_lr()[0],
         "eval_tau": evaluation.get("eval_tau_teacher_forced"), "eval_tau_decoding": evaluation.get("eval_tau_decoding"),
+        "eval_tau_t1": evaluation.get("eval_tau_t1_teacher_forced"),
         "eval_loss": evaluation.get("eval_loss"), "folder": str(folder),
     }  # fmt: skip
     if config.milestone_prompts_per_category:
@@ -798,7 +801,8 @@ def curve(campaign: Campaign) -> dict:
     """The campaign's learning curve: held-out and training points against training core-hours, and milestones."""
     history = campaign.log_history()
     evaluation = [{"step": e["step"], "core_hours": e.get("core_hours"), "tau": e["eval_tau_teacher_forced"],
-                   "tau_decoding": e.get("eval_tau_decoding"), "loss": e["eval_loss"],
+                   "tau_decoding": e.get("eval_tau_decoding"), "tau_t1": e.get("eval_tau_t1_teacher_forced"),
+                   "loss": e["eval_loss"],
                    "acc_pos_01": e.get("eval_acc_pos_01")}
                   for e in history if "eval_tau_teacher_forced" in e]  # fmt: skip
     training = [{"step": e["step"], "core_hours": e.get("core_hours"), "loss": e["loss"],
@@ -883,10 +887,11 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> 
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "curve.json", data)
     lines = [f"# Campaign {data['config']['name']}", "", TAU_NOTE.format(tokens=DECODING_MAX_TOKENS), "",
-             "| step | training core-hours | held-out τ (teacher-forced) | held-out τ (decoding) | held-out loss |",
-             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+             "| step | training core-hours | held-out τ (teacher-forced) | held-out τ (decoding) | "
+             "held-out τ at T = 1 (teacher-forced, expected) | held-out loss |",
+             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     lines += [f"| {p['step']} | {p['core_hours'] or 0:.3f} | {p['tau']:.3f} | {_number(p.get('tau_decoding'))} | "
-              f"{p['loss']:.4f} |" for p in data["eval"]]  # fmt: skip
+              f"{_number(p.get('tau_t1'))} | {p['loss']:.4f} |" for p in data["eval"]]  # fmt: skip
     if data["milestones"]:
         lines += ["", "| milestone | step | core-hours | held-out τ (teacher-forced / decoding) | drafter alone (T: speedup, τ) |",
                   "| --- | --- | --- | --- | --- |"]  # fmt: skip
@@ -976,6 +981,10 @@ def _plot(data: dict, path: Path) -> None:
         if decoded:
             axis.plot([p["core_hours"] for p in decoded], [p["tau_decoding"] for p in decoded], marker="o",
                       label="held-out τ (decoding)")  # fmt: skip
+        sampled = [p for p in points if p.get("tau_t1") is not None]
+        if sampled:
+            axis.plot([p["core_hours"] for p in sampled], [p["tau_t1"] for p in sampled], marker=".",
+                      label="held-out τ at T = 1 (teacher-forced, expected)")  # fmt: skip
         milestones = [m for m in data["milestones"] if m.get("eval_tau_decoding") is not None]
         if milestones:
             axis.plot([m["core_hours"] for m in milestones], [m["eval_tau_decoding"] for m in milestones], marker="^",

@@ -149,9 +149,10 @@ def head_row_losses(
     distillation: str | None = None,
     distillation_weight: float = 0.0,
     max_chunk_elements: int = 1 << 25,
-) -> tuple[torch.Tensor, torch.LongTensor]:
+    overlap: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Per-row losses `(N,)` and argmax drafts `(N,)` (target ids) of N trained rows, never building the
-    `(N x V)` logits at once.
+    `(N x V)` logits at once; with `overlap`, also `(N,)` `Σ_v min(p_v, q_v)` against the teacher.
 
     Args:
         hidden (`(N, d)`): drafter states of the rows that count (contiguous).
@@ -162,11 +163,14 @@ def head_row_losses(
         teacher: `DenseTeacher` / `TopKTeacher` for distillation.
         max_chunk_elements: rows x vocabulary per chunk. With gradients and more than one chunk, each chunk is
             recomputed in the backward pass (activation checkpointing), so only one chunk's logits are alive.
+        overlap: return the rows' distribution overlap with the teacher, `1 - TV(p, q)`: the probability that a
+            draft sampled from q is accepted at temperature 1 where the target's distribution is p (speculative
+            sampling accepts with probability `min(1, p / q)`). Needs `teacher`.
     """
     label_index, label_inside = head.to_draft_indices(labels)
     distill = distillation is not None and distillation_weight > 0.0
-    if distill and teacher is None:
-        raise ValueError("Distillation needs the target's distribution at the trained rows.")
+    if (distill or overlap) and teacher is None:
+        raise ValueError("Distillation and overlap need the target's distribution at the trained rows.")
     step = max(1, max_chunk_elements // head.size)
 
     def rows_loss(h: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,24 +180,31 @@ def head_row_losses(
         log_q = F.log_softmax(logits, dim=-1)
         ce = -torch.gather(log_q, -1, label_index[start:end, None]).squeeze(-1) * label_inside[start:end]
         loss = ce
+        target = teacher.chunk(start, end) if distill or overlap else None
         if distill:
-            divergence = _divergence(log_q, teacher.chunk(start, end), distillation)
+            divergence = _divergence(log_q, target, distillation)
             loss = (1.0 - distillation_weight) * ce + distillation_weight * divergence
-        return loss, logits.detach().argmax(-1)
+        accepted = 1.0 - _divergence(log_q.detach(), target, "tv") if overlap else log_q.new_zeros(0)
+        return loss, logits.detach().argmax(-1), accepted
 
-    losses, picks = [], []
+    losses, picks, overlaps = [], [], []
     checkpointed = torch.is_grad_enabled() and hidden.requires_grad and hidden.shape[0] > step
     for start in range(0, hidden.shape[0], step):
         end = min(start + step, hidden.shape[0])
         if checkpointed:
-            loss, pick = torch.utils.checkpoint.checkpoint(rows_loss, hidden[start:end], start, end, use_reentrant=False)
+            loss, pick, accepted = torch.utils.checkpoint.checkpoint(
+                rows_loss, hidden[start:end], start, end, use_reentrant=False
+            )
         else:
-            loss, pick = rows_loss(hidden[start:end], start, end)
+            loss, pick, accepted = rows_loss(hidden[start:end], start, end)
         losses.append(loss)
         picks.append(pick)
+        overlaps.append(accepted)
     if not losses:
-        return hidden.new_zeros(0, dtype=torch.float32), labels.new_zeros(0)
-    return torch.cat(losses), head.to_token_ids(torch.cat(picks))
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return (empty, labels.new_zeros(0), empty) if overlap else (empty, labels.new_zeros(0))
+    out = (torch.cat(losses), head.to_token_ids(torch.cat(picks)))
+    return (*out, torch.cat(overlaps)) if overlap else out
 
 
 def weighted_block_loss_sum(row_losses: torch.Tensor, valid: torch.BoolTensor, weights: torch.Tensor) -> torch.Tensor:
@@ -231,6 +242,24 @@ def teacher_forced_metrics(
     return metrics
 
 
+def sampled_acceptance_metrics(
+    overlap: torch.Tensor, valid: torch.BoolTensor, anchor_valid: torch.BoolTensor
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Sums and counts of the expected acceptance of sampled drafts at temperature 1, under teacher forcing.
+
+    `overlap` `(b, A, B-1)` holds each row's `Σ_v min(p_v, q_v)` (0 where not valid): the probability that its draft,
+    sampled from the drafter's q, is accepted by a target sampling from p, given the recorded prefix. Reported: that
+    probability at position 1, and the expected acceptance length `1 + Σ_k Π_{j<=k} overlap_j` (bonus included;
+    positions taken as independent given the recorded prefix), the temperature-1 counterpart of `tau_teacher_forced`.
+    """
+    overlap = overlap * valid
+    expected = 1.0 + torch.cumprod(overlap, dim=-1).sum(-1)
+    return {
+        "acceptance_t1_pos_01": (overlap[..., 0].sum().float(), valid[..., 0].sum().float()),
+        "tau_t1_teacher_forced": ((expected * anchor_valid).sum().float(), anchor_valid.sum().float()),
+    }
+
+
 __all__ = [
     "DISTILLATION_KINDS",
     "DenseTeacher",
@@ -241,6 +270,7 @@ __all__ = [
     "draft_losses",
     "leading_matches",
     "position_weights",
+    "sampled_acceptance_metrics",
     "teacher_forced_metrics",
     "weighted_block_loss_sum",
 ]

@@ -27,6 +27,7 @@ from .losses import (
     head_row_losses,
     leading_matches,
     position_weights,
+    sampled_acceptance_metrics,
     teacher_forced_metrics,
     weighted_block_loss_sum,
 )
@@ -46,6 +47,7 @@ class ObjectiveOutput:
 def metric_names(objective: str, block_size: int) -> list[str]:
     """The metrics an objective logs, in a fixed order (so processes can reduce them together)."""
     names = [f"acc_pos_{j:02d}" for j in range(1, block_size)] + ["tau_teacher_forced"]
+    names += ["acceptance_t1_pos_01", "tau_t1_teacher_forced"]  # evaluation with the target's distribution only
     if objective == "carryover":
         names += ["first_draft_tau", "carry_rows"]
     return names
@@ -186,15 +188,19 @@ class DrafterObjective:
             previous = torch.cat([block_ids[..., :1], labels[..., :-1]], dim=-1)[valid]
             markov = drafter.markov_head(previous).float()  # (N, V_draft): small next to the rows x V logits
             transition = lambda start, end: markov[start:end]  # noqa: E731
-        row_losses, picks = head_row_losses(
+        teacher = self._teacher(head, anchors, labels, valid, last_hidden_state, topk)
+        # Evaluation (no gradients) with the target's distribution at hand also measures sampled acceptance.
+        overlap = teacher is not None and not torch.is_grad_enabled()
+        row_losses, picks, *overlaps = head_row_losses(
             rows,
             head,
             labels[valid],
             transition=transition,
-            teacher=self._teacher(head, anchors, labels, valid, last_hidden_state, topk),
+            teacher=teacher,
             distillation=self.distillation,
             distillation_weight=self.distillation_weight,
             max_chunk_elements=self.max_chunk_elements,
+            overlap=overlap,
         )
         weights = position_weights(block_ids.shape[-1], self.gamma, device=rows.device)
         loss_sum = weighted_block_loss_sum(row_losses, valid, weights)
@@ -202,6 +208,10 @@ class DrafterObjective:
             predictions = torch.full_like(labels, -1)
             predictions[valid] = picks
             metrics = teacher_forced_metrics(predictions, labels, valid, anchor_valid)
+            if overlap:
+                per_row = torch.zeros(labels.shape, dtype=torch.float32, device=labels.device)
+                per_row[valid] = overlaps[0].float()
+                metrics.update(sampled_acceptance_metrics(per_row, valid, anchor_valid))
         return loss_sum, metrics
 
     # -- objectives --------------------------------------------------------------------------------------------
