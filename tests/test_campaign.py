@@ -6,7 +6,6 @@ compute and benchmarked, and the report writes the curve. Bad settings fail befo
 """
 
 import json
-import types
 from pathlib import Path
 
 import pytest
@@ -129,13 +128,17 @@ def test_milestones_at_doublings_are_decayed_benchmarked_and_reported(target, da
     again = campaign_module.benchmark_milestone(config, campaign.dir / "milestones" / "m00", target, None, False)
     assert again["T=0"]["prompts"] == 2
 
-    # A milestone recorded before the decoding tau existed gets it at the next start, from its saved weights: the
-    # value its own evaluation gave.
-    recorded = milestones[0]["eval_tau_decoding"]
-    campaign.add_milestone({**milestones[0], "eval_tau_decoding": None})
+    # A milestone recorded before the decoding tau and the tau at T = 1 existed gets them at the next start, from its
+    # saved weights: the values its own evaluation gave.
+    recorded = {key: milestones[0][key] for key in ("eval_tau_decoding", "eval_tau_t1")}
+    campaign.add_milestone({**milestones[0], "eval_tau_decoding": None, "eval_tau_t1": None})
     rows = FeatureStore(campaign.dir / "features-eval")
-    campaign_module.backfill_decoding_tau(campaign, types.SimpleNamespace(target=target, eval_rows=rows))
-    assert campaign.milestones()[0]["eval_tau_decoding"] == pytest.approx(recorded, abs=1e-4)
+    trainers = campaign_module._Trainers(config, target, None, FeatureStore(campaign.dir / "features-train"), rows,
+                                         campaign.dir / "trunk")  # fmt: skip
+    campaign_module.backfill_held_out(campaign, config, trainers)
+    for key, value in recorded.items():
+        assert campaign.milestones()[0][key] == pytest.approx(value, abs=1e-4), key
+    assert not (campaign.dir / "backfill").exists()
 
     out, kept = tmp_path / "report", tmp_path / "weights"
     data = write_report(campaign, out, kept)

@@ -516,7 +516,7 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
     stop = StopRequest()
     previous = signal.signal(signal.SIGTERM, stop)  # stop: checkpoint after the current step
     try:
-        backfill_decoding_tau(campaign, trainers)
+        backfill_held_out(campaign, config, trainers)
         newest = campaign.milestones()[-1:]
         if config.carry_steps and newest and CARRY not in newest[0] and "inherited_from" not in newest[0]:
             compare_carryover(campaign, config, trainers, newest[0], stop, progress)  # taken at a restart
@@ -588,22 +588,25 @@ def record_milestone(campaign: Campaign, config: CampaignConfig, trainers: "_Tra
     return record
 
 
-def backfill_decoding_tau(campaign: Campaign, trainers: "_Trainers") -> None:
-    """Milestones recorded before the held-out decoding τ existed get it from their saved weights (seconds each)."""
-    import torch
+def backfill_held_out(campaign: Campaign, config: CampaignConfig, trainers: "_Trainers") -> None:
+    """Milestones recorded before a held-out metric existed (decoding τ; τ at T = 1, where the campaign distils and so
+    has the target's distribution) get it from their saved weights: one held-out evaluation each (seconds)."""
+    import shutil
 
-    from ..modeling_carryover import CarryoverDrafterModel
-    from ..training.arguments import DECODING_MAX_TOKENS as limit
-    from ..training.objectives import DrafterObjective
-    from ..training.replay import decoding_tau
-
-    objective = DrafterObjective(trainers.target)
+    keys = {"eval_tau_decoding": "eval_tau_decoding"}
+    if config.distillation:
+        keys["eval_tau_t1"] = "eval_tau_t1_teacher_forced"
+    scratch = campaign.dir / "backfill"
     for milestone in campaign.milestones():
-        if milestone.get("eval_tau_decoding") is None and (Path(milestone["folder"]) / "config.json").is_file():
-            drafter = CarryoverDrafterModel.from_pretrained(milestone["folder"], dtype=torch.float32).eval()
-            tau = decoding_tau(objective, drafter, trainers.eval_rows, (limit,))[limit]
-            campaign.add_milestone({**milestone, "eval_tau_decoding": round(tau, 4)})
-            print(f"campaign: milestone {milestone['index']}: held-out tau (decoding) {tau:.3f}", flush=True)
+        missing = [key for key in keys if milestone.get(key) is None]
+        if not missing or not (Path(milestone["folder"]) / "config.json").is_file():
+            continue
+        args = training_arguments(config, scratch, max_steps=1, eval_strategy="no", save_strategy="no")
+        evaluation = trainers(args, [], weights=Path(milestone["folder"])).evaluate()
+        found = {key: evaluation.get(keys[key]) for key in missing}
+        campaign.add_milestone({**milestone, **found})
+        print(f"campaign: milestone {milestone['index']}: held-out {found}", flush=True)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def benchmark_milestone(config: CampaignConfig, folder: Path, target, tokenizer, progress: bool = True) -> dict:
