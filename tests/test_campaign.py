@@ -200,6 +200,26 @@ def test_a_resume_with_other_settings_or_bad_settings_is_refused(dataset, tmp_pa
                                                                                      "carry_num_anchors"]
 
 
+def test_a_resume_may_change_the_trunks_loss_and_the_curve_shows_where(target, dataset, tmp_path):
+    config = config_for(dataset)
+    campaign = start(tmp_path / "c", config)
+    run(campaign.dir, target=target, progress=False, stop_after_steps=4)
+    changed = campaign.create_or_check(config_for(dataset, distillation="tv", distillation_weight=0.9))
+    assert (changed.distillation, changed.distillation_weight) == ("tv", 0.9)
+    change = json.loads(campaign.config_path.read_text())["changes"][-1]
+    assert change["trunk_step"] == 4 and change["from"] == {"distillation": "kl", "distillation_weight": 0.5}
+    assert change["to"] == {"distillation": "tv", "distillation_weight": 0.9}
+    run(campaign.dir, target=target, progress=False, stop_after_steps=8)
+    # The trunk went on from its checkpoint under the new loss: its weights differ from a trunk that kept the old one.
+    kept = start(tmp_path / "kept", config)
+    run(kept.dir, target=target, progress=False, stop_after_steps=8)
+    torch.testing.assert_close(weights(campaign, 4), weights(kept, 4), rtol=0, atol=0)
+    assert any(not torch.equal(weights(campaign, 8)[k], weights(kept, 8)[k]) for k in weights(kept, 8))
+    data = write_report(campaign, tmp_path / "report")
+    assert data["recipe_changes"] == [change] and not write_report(kept, tmp_path / "kept-report")["recipe_changes"]
+    assert "Recipe changed after trunk step 4" in (tmp_path / "report" / "curve.md").read_text()
+
+
 def test_rows_that_answer_a_held_out_prompt_again_are_not_trained_on():
     import datasets
 

@@ -8,7 +8,11 @@
 #
 # The bench is the ship criterion: the new drafter ships only if it beats the shipped one, paired, on the same run.
 # CAMPAIGN (default ../runs/campaign) is the campaign folder; on a machine without it, `export` is skipped and the
-# committed training state is published as it is.
+# committed training state is published as it is. SHIPPED (the drafter to beat) and RESULTS (the bench's folder) may
+# be set; a milestone after the first shipped one is benched against the shipped campaign drafter, kept from git:
+#   git archive HEAD drafters/carryover-hf/smollm2-135m-campaign-markov | tar -x -C /tmp/shipped
+#   SHIPPED=/tmp/shipped/drafters/carryover-hf/smollm2-135m-campaign-markov \
+#       RESULTS=benchmarks/results/smollm2-135m-campaign-ship-m5 bash experiments/smollm2_135m/ship_campaign.sh bench
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -16,8 +20,8 @@ CAMPAIGN=${CAMPAIGN:-../runs/campaign}
 STATE=assets/training-state/smollm2-135m-markov-b8
 NAME=smollm2-135m-campaign-markov
 DRAFTERS=drafters/carryover-hf
-SHIPPED=$DRAFTERS/smollm2-135m-carryover-markov
-RESULTS=benchmarks/results/smollm2-135m-campaign-ship-m4
+SHIPPED=${SHIPPED:-$DRAFTERS/smollm2-135m-carryover-markov}  # the drafter to beat (a folder; e.g. the previous milestone's)
+RESULTS=${RESULTS:-benchmarks/results/smollm2-135m-campaign-ship-m4}
 . examples/smollm2_135m/proposal_defaults.sh
 DEFAULTS=(--round-policy "$SMOLLM2_ROUND_POLICY" --lookup-drafts "$SMOLLM2_LOOKUP_DRAFTS"
           --proposal-backoff "$SMOLLM2_PROPOSAL_BACKOFF")

@@ -69,8 +69,12 @@ TAU_NOTE = (
     "target's stored top-k, teacher-forced like the first column."
 )
 BRANCH_RECORD = "branch.json"
-# Settings a resume may change: they only shape the carryover comparisons taken from milestones, never the trunk.
-RESUMABLE_CHANGES = ("carry_steps", "carry_learning_rate", "carry_num_anchors", "carry_plain_weight")
+# Settings a resume may change. The carry settings only shape the carryover comparisons taken from milestones; the
+# loss settings change the trunk's objective from its next step on (its weights and optimizer go on as they are), and
+# their change is recorded with that trunk step, so the curve shows where the recipe changed.
+CARRY_CHANGES = ("carry_steps", "carry_learning_rate", "carry_num_anchors", "carry_plain_weight")
+LOSS_CHANGES = ("distillation", "distillation_weight")
+RESUMABLE_CHANGES = CARRY_CHANGES + LOSS_CHANGES
 
 
 @dataclass
@@ -196,7 +200,11 @@ class Campaign:
                 config.validate()
                 record = json.loads(self.config_path.read_text())
                 record["config"] = asdict(config)
-                record.setdefault("changes", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "changed": changed})
+                change = {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "changed": changed,
+                          "from": {k: asdict(saved)[k] for k in changed}, "to": {k: asdict(config)[k] for k in changed}}  # fmt: skip
+                if any(k in LOSS_CHANGES for k in changed):
+                    change["trunk_step"] = self.trunk_step()  # the new loss trains the steps after this one
+                record.setdefault("changes", []).append(change)
                 self.config_path.write_text(json.dumps(record, indent=2) + "\n")
                 print(f"campaign {config.name}: settings changed on resume: {', '.join(changed)}")
                 return config
@@ -210,6 +218,23 @@ class Campaign:
         record = {"config": asdict(config), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
         self.config_path.write_text(json.dumps(record, indent=2) + "\n")
         return config
+
+    def last_checkpoint(self) -> str | None:
+        """The trunk's last checkpoint folder, if it has one."""
+        from transformers.trainer_utils import get_last_checkpoint
+
+        trunk = self.dir / TRUNK
+        return get_last_checkpoint(str(trunk)) if trunk.is_dir() else None
+
+    def trunk_step(self) -> int:
+        """The step of the trunk's last checkpoint (0 before the first)."""
+        last = self.last_checkpoint()
+        return int(Path(last).name.rsplit("-", 1)[1]) if last else 0
+
+    def recipe_changes(self) -> list[dict]:
+        """The changes of the trunk's loss settings made on resumes, each with the trunk step it took effect after."""
+        changes = json.loads(self.config_path.read_text()).get("changes", []) if self.exists() else []
+        return [c for c in changes if "trunk_step" in c]
 
     def seed(self) -> dict | None:
         """Where the trunk started from when the campaign was moved to this machine (`start --from`), if it was."""
@@ -251,11 +276,8 @@ class Campaign:
 
     def log_history(self) -> list[dict]:
         """The trunk's log entries (its newest trainer state: the run folder's, or its last checkpoint's)."""
-        from transformers.trainer_utils import get_last_checkpoint
-
-        trunk = self.dir / TRUNK
-        candidates = [trunk / "trainer_state.json"]
-        last = get_last_checkpoint(str(trunk)) if trunk.is_dir() else None
+        candidates = [self.dir / TRUNK / "trainer_state.json"]
+        last = self.last_checkpoint()
         if last:
             candidates.append(Path(last) / "trainer_state.json")
         states = [json.loads(p.read_text()) for p in candidates if p.is_file()]
@@ -495,7 +517,6 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
     (SIGTERM, `carryover-hf campaign stop`) or, for tests and short runs, until the trunk reaches `stop_after_steps`
     (a checkpoint is saved there)."""
     import torch
-    from transformers.trainer_utils import get_last_checkpoint
 
     import carryover_hf  # noqa: F401  (registers the drafter with AutoModel)
 
@@ -521,7 +542,7 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
         if config.carry_steps and newest and CARRY not in newest[0] and "inherited_from" not in newest[0]:
             compare_carryover(campaign, config, trainers, newest[0], stop, progress)  # taken at a restart
         while not stop.requested:
-            last = get_last_checkpoint(str(trunk)) if trunk.is_dir() else None
+            last = campaign.last_checkpoint()
             clock = CoreHours(_core_seconds_at(last) if last or not seed else 3600.0 * seed["core_hours"])
             index = len(campaign.milestones())
             callback = _trunk_callback(clock, milestone_core_hours(config, index), stop, stop_after_steps)
@@ -812,7 +833,7 @@ def curve(campaign: Campaign) -> dict:
                  "tau": e.get("tau_teacher_forced"), "learning_rate": e.get("learning_rate")}
                 for e in history if "loss" in e and "eval_loss" not in e]  # fmt: skip
     return {"config": asdict(campaign.load_config()), "eval": evaluation, "train": training,
-            "milestones": campaign.milestones()}  # fmt: skip
+            "milestones": campaign.milestones(), "recipe_changes": campaign.recipe_changes()}  # fmt: skip
 
 
 # The issue's targets for a drafter on its own (metric key, label, value): the milestones' held-out decoding tau, and
@@ -895,6 +916,9 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> 
              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     lines += [f"| {p['step']} | {p['core_hours'] or 0:.3f} | {p['tau']:.3f} | {_number(p.get('tau_decoding'))} | "
               f"{_number(p.get('tau_t1'))} | {p['loss']:.4f} |" for p in data["eval"]]  # fmt: skip
+    for change in data["recipe_changes"]:
+        moved = ", ".join(f"{k} {change['from'][k]} → {change['to'][k]}" for k in change["changed"])
+        lines += ["", f"Recipe changed after trunk step {change['trunk_step']} ({change['at']}): {moved}."]
     if data["milestones"]:
         lines += ["", "| milestone | step | core-hours | held-out τ (teacher-forced / decoding) | drafter alone (T: speedup, τ) |",
                   "| --- | --- | --- | --- | --- |"]  # fmt: skip
