@@ -939,7 +939,8 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> 
     if data["milestones"]:
         intro = (f"Targets, extrapolated: a line in log2(core-hours) through the newest {EXTRAPOLATION_WINDOW} "
                  "milestones that measured the metric: a fixed gain per doubling of compute, a trend and not a promise "
-                 "(the trunk's own held-out τ between milestones is in the first table):")  # fmt: skip
+                 "(the trunk's own held-out τ between milestones is in the first table; the drafter-alone speedups "
+                 "are the milestone benches', on `milestone_prompts_per_category` prompts a category):")  # fmt: skip
         lines += ["", intro, "",
                   "| metric | target | newest milestone | gain per doubling | core-hours to the target |",
                   "| --- | --- | --- | --- | --- |"]  # fmt: skip
@@ -1016,6 +1017,14 @@ def _plot(data: dict, path: Path) -> None:
         if milestones:
             axis.plot([m["core_hours"] for m in milestones], [m["eval_tau_decoding"] for m in milestones], marker="^",
                       linestyle=":", label="milestone held-out τ (decoding)")  # fmt: skip
+        sampled_milestones = [m for m in data["milestones"] if m.get("eval_tau_t1") is not None]
+        if sampled_milestones:
+            axis.plot([m["core_hours"] for m in sampled_milestones], [m["eval_tau_t1"] for m in sampled_milestones],
+                      marker="v", linestyle=":", label="milestone held-out τ at T = 1 (expected)")  # fmt: skip
+        for change in data.get("recipe_changes", []):  # where the trunk's loss changed, once the curve passes it
+            after = [p["core_hours"] for p in data["train"] if p["step"] > change["trunk_step"] and p["core_hours"]]
+            if after:
+                axis.axvline(after[0], color="grey", linestyle="--", linewidth=1)
         for temperature in ("T=0", "T=1"):
             marks = [(m["core_hours"], m["bench"][temperature]) for m in data["milestones"]
                      if temperature in (m.get("bench") or {})]  # fmt: skip
