@@ -844,7 +844,7 @@ CURVE_TARGETS = (
     ("T=0 adaptive speedup", "drafter alone, T = 0, adaptive length", 1.3),
     ("T=1 adaptive speedup", "drafter alone, T = 1, adaptive length", 1.15),
 )
-EXTRAPOLATION_WINDOW = 3  # the newest milestones a trend is fitted on: the curve bends, early doublings gain most
+EXTRAPOLATION_WINDOW = 3  # the newest milestones a trend is fitted on (the regime, and the recipe, move along)
 
 
 def milestone_metric(milestone: dict, key: str) -> float | None:

@@ -173,7 +173,7 @@ def head_row_losses(
         raise ValueError("Distillation and overlap need the target's distribution at the trained rows.")
     step = max(1, max_chunk_elements // head.size)
 
-    def rows_loss(h: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def rows_loss(h: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         logits = head(h)
         if transition is not None:
             logits = logits + transition(start, end)

@@ -1,0 +1,43 @@
+"""One temperature of a `carryover-hf bench` journal (runs.jsonl), summarised with the bench's own `summarize` and
+`compare` before the whole run has finished: speedup and tau of each method over the prompts every method has run,
+the mean over categories, the paired m5-against-m4 comparison, and the speedup per category.
+
+    python experiments/smollm2_135m/journal_summary.py ../runs/alone-m5/runs.jsonl 0
+
+Written for the 2026-12-07 drafter-alone bench of campaign milestones 4 and 5
+(benchmarks/results/smollm2-135m-campaign-alone-m5/), whose T = 1 half the session's end cut short."""
+import json
+import sys
+import types
+from collections import defaultdict
+
+from carryover_hf.tools.bench.report import compare, summarize
+
+path, temperature = sys.argv[1], float(sys.argv[2])
+with open(path) as journal:
+    groups = [json.loads(line)["group"] for line in journal if '"group"' in line]
+groups = [g for g in groups if g["temperature"] == temperature]
+by = defaultdict(dict)
+for g in groups:
+    for r in g["runs"]:
+        by[r["method"]][g["prompt_id"]] = types.SimpleNamespace(**r)
+ids = sorted(set.intersection(*[set(v) for v in by.values()]))
+print(len(ids), "prompts", sorted(by))
+cats = sorted({i.split("/")[0] for i in ids})
+target = [by["target"][i] for i in ids]
+for m in sorted(by):
+    if m == "target": continue
+    s = summarize([by[m][i] for i in ids], target, True, None, n_resamples=2000)
+    per = []
+    for c in cats:
+        cid = [i for i in ids if i.startswith(c + "/")]
+        per.append(summarize([by[m][i] for i in cid], [by["target"][i] for i in cid], True, None, n_resamples=200)["speedup"]["estimate"])
+    print(m, "speedup", {k: round(v, 3) for k, v in s["speedup"].items() if isinstance(v, float)}, "tau", round(s["acceptance_length_micro"]["estimate"], 3), "mean over categories", round(sum(per)/len(per), 3), "min cat", round(min(per), 3))
+c = compare([by["m5/policy_alone"][i] for i in ids], [by["m4/policy_alone"][i] for i in ids], True, n_resamples=2000)
+print("m5 vs m4: tau gain", {k: round(v, 4) for k, v in c["acceptance_length_relative_gain"].items() if isinstance(v, float)}, "speed", {k: round(v, 4) for k, v in c["speed_ratio"].items() if isinstance(v, float)})
+for m in ("m4/policy_alone", "m5/policy_alone"):
+    row = []
+    for c in cats:
+        cid = [i for i in ids if i.startswith(c + "/")]
+        row.append(f"{c} {summarize([by[m][i] for i in cid], [by['target'][i] for i in cid], True, None, n_resamples=200)['speedup']['estimate']:.2f}x")
+    print(m, "; ".join(row))
