@@ -5,7 +5,7 @@ the mean over categories, the paired m5-against-m4 comparison, and the speedup p
     python experiments/smollm2_135m/journal_summary.py ../runs/alone-m5/runs.jsonl 0
 
 Written for the 2026-12-07 drafter-alone bench of campaign milestones 4 and 5
-(benchmarks/results/smollm2-135m-campaign-alone-m5/), whose T = 1 half the session's end cut short."""
+(benchmarks/results/smollm2-135m-campaign-alone-m5/), read while its T = 1 half was running."""
 import json
 import sys
 import types
@@ -25,19 +25,30 @@ ids = sorted(set.intersection(*[set(v) for v in by.values()]))
 print(len(ids), "prompts", sorted(by))
 cats = sorted({i.split("/")[0] for i in ids})
 target = [by["target"][i] for i in ids]
-for m in sorted(by):
-    if m == "target": continue
+methods = [m for m in sorted(by) if m != "target"]
+
+
+def category_speedups(method: str) -> dict[str, float]:
+    """The method's speedup over the target alone in each category (its prompts only)."""
+    out = {}
+    for category in cats:
+        cid = [i for i in ids if i.startswith(category + "/")]
+        runs, base = [by[method][i] for i in cid], [by["target"][i] for i in cid]
+        out[category] = summarize(runs, base, True, None, n_resamples=200)["speedup"]["estimate"]
+    return out
+
+
+per_category = {m: category_speedups(m) for m in methods}
+for m in methods:
     s = summarize([by[m][i] for i in ids], target, True, None, n_resamples=2000)
-    per = []
-    for c in cats:
-        cid = [i for i in ids if i.startswith(c + "/")]
-        per.append(summarize([by[m][i] for i in cid], [by["target"][i] for i in cid], True, None, n_resamples=200)["speedup"]["estimate"])
-    print(m, "speedup", {k: round(v, 3) for k, v in s["speedup"].items() if isinstance(v, float)}, "tau", round(s["acceptance_length_micro"]["estimate"], 3), "mean over categories", round(sum(per)/len(per), 3), "min cat", round(min(per), 3))
-c = compare([by["m5/policy_alone"][i] for i in ids], [by["m4/policy_alone"][i] for i in ids], True, n_resamples=2000)
-print("m5 vs m4: tau gain", {k: round(v, 4) for k, v in c["acceptance_length_relative_gain"].items() if isinstance(v, float)}, "speed", {k: round(v, 4) for k, v in c["speed_ratio"].items() if isinstance(v, float)})
-for m in ("m4/policy_alone", "m5/policy_alone"):
-    row = []
-    for c in cats:
-        cid = [i for i in ids if i.startswith(c + "/")]
-        row.append(f"{c} {summarize([by[m][i] for i in cid], [by['target'][i] for i in cid], True, None, n_resamples=200)['speedup']['estimate']:.2f}x")
-    print(m, "; ".join(row))
+    per = list(per_category[m].values())
+    print(m, "speedup", {k: round(v, 3) for k, v in s["speedup"].items() if isinstance(v, float)},
+          "tau", round(s["acceptance_length_micro"]["estimate"], 3), "mean over categories",
+          round(sum(per) / len(per), 3), "min cat", round(min(per), 3))
+paired = compare([by["m5/policy_alone"][i] for i in ids], [by["m4/policy_alone"][i] for i in ids], True,
+                 n_resamples=2000)
+print("m5 vs m4: tau gain", {k: round(v, 4) for k, v in paired["acceptance_length_relative_gain"].items()
+                             if isinstance(v, float)},
+      "speed", {k: round(v, 4) for k, v in paired["speed_ratio"].items() if isinstance(v, float)})
+for m in methods:
+    print(m, "; ".join(f"{c} {v:.2f}x" for c, v in per_category[m].items()))
