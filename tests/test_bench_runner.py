@@ -441,7 +441,8 @@ def test_rules_and_policy_run_what_a_plain_generate_call_runs(models):
 
 def test_policy_alone_runs_the_cost_policy_with_the_drafter_as_its_only_source(models):
     """`policy_alone` (asked for by name: not in the default methods) is `round_policy="cost"` with
-    `suffix_match=False`: never more drafts than a block holds, compared with full blocks and with the policy."""
+    `suffix_match=False` and carry off whatever the drafter's config says: never more drafts than a block holds, no
+    carry rows, compared with full blocks and with the policy."""
     target, drafters = models
     drafter = drafters["d"]
     assert "policy_alone" not in BenchmarkSettings().methods
@@ -455,6 +456,12 @@ def test_policy_alone_runs_the_cost_policy_with_the_drafter_as_its_only_source(m
     assert all(1 <= n <= drafter.config.block_size - 1 for lengths in runs for n in lengths[:-1]), runs
     pairs = {(c["a"], c["b"]) for c in report["results"][0]["comparisons"]}
     assert {("d/policy_alone", "d/carry_on"), ("d/policy", "d/policy_alone")} <= pairs
+    # The drafter's config carries (`use_carryover` True, as a campaign milestone's): `policy` follows it, the
+    # drafter alone does not.
+    assert drafter.generation_config.use_carryover is True
+    carried = {m: [n for r in report["runs"] if r["method"] == m for n in r["carry_rows"] or []]
+               for m in ("d/policy", "d/policy_alone")}  # fmt: skip
+    assert any(carried["d/policy"]) and carried["d/policy_alone"] and not any(carried["d/policy_alone"]), carried
 
 
 @pytest.mark.parametrize("value", ["0.5", "1,0", "a,b", "cheap"])

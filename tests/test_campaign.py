@@ -53,6 +53,12 @@ def config_for(dataset, prompts=None, **overrides):
     return CampaignConfig(**values)
 
 
+def tick_clock(monkeypatch):
+    """A clock that advances half a second per call stands in for CPU time, so milestones fall at known places."""
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(campaign_module.time, "process_time", lambda: 0.5 * next(ticks))
+
+
 def start(folder, config):
     campaign = Campaign(folder)
     campaign.create_or_check(config)
@@ -90,9 +96,7 @@ def test_stopped_and_resumed_campaign_equals_one_that_never_stopped(target, data
 
 
 def test_milestones_at_doublings_are_decayed_benchmarked_and_reported(target, dataset, prompts, tmp_path, monkeypatch):
-    # A clock that advances a fixed amount per call stands in for CPU time, so milestones fall at known places.
-    ticks = iter(range(10**6))
-    monkeypatch.setattr(campaign_module.time, "process_time", lambda: 0.5 * next(ticks))
+    tick_clock(monkeypatch)
     config = config_for(dataset, prompts, first_milestone_core_hours=2 / 3600, milestone_prompts_per_category=1,
                         milestone_decay_fraction=0.25, milestone_min_decay_steps=2)  # fmt: skip
     campaign = start(tmp_path / "c", config)
@@ -147,9 +151,61 @@ def test_milestones_at_doublings_are_decayed_benchmarked_and_reported(target, da
     assert "T=0" in (out / "curve.md").read_text() and "held-out τ (decoding)" in (out / "curve.md").read_text()
     # Every target of the issue gets a line, on the milestones that measured its metric.
     assert [(r["metric"], r["target"]) for r in data["extrapolation"]] == [(k, t) for k, _, t in campaign_module.CURVE_TARGETS]
-    assert data["extrapolation"][0]["points"] == min(len(milestones), campaign_module.EXTRAPOLATION_WINDOW)
+    held_out = next(r for r in data["extrapolation"] if r["metric"] == "eval_tau_decoding")
+    assert held_out["points"] == min(len(milestones), campaign_module.EXTRAPOLATION_WINDOW)
     assert "core-hours to the target" in (out / "curve.md").read_text()
     assert (kept / "model.safetensors").is_file() and (kept / "config.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def validation(target, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("validation") / "rows"
+    regenerate_random_prompts(target, num_rows=4, prompt_length=5, response_length=16, seed=7).save_to_disk(str(folder))
+    return folder
+
+
+def test_a_validation_set_is_measured_every_validation_steps_and_at_milestones_outside_the_core_hours(
+        target, dataset, validation, tmp_path, monkeypatch):  # fmt: skip
+    tick_clock(monkeypatch)
+    config = config_for(dataset, first_milestone_core_hours=4 / 3600, milestone_decay_fraction=0.25,
+                        milestone_min_decay_steps=2)  # fmt: skip
+    campaign = start(tmp_path / "c", config)
+    run(campaign.dir, target=target, progress=False, stop_after_steps=2)
+    assert not any("eval_validation_loss" in e for e in campaign.log_history())
+    # Added on a resume (it only measures); replacing it later is refused (its curve would mix two sets).
+    added = campaign.create_or_check(config_for(dataset, first_milestone_core_hours=4 / 3600,
+                                                milestone_decay_fraction=0.25, milestone_min_decay_steps=2,
+                                                validation_dataset=str(validation), validation_steps=2))  # fmt: skip
+    assert added.validation_dataset == str(validation.resolve())
+    with pytest.raises(UsageError, match="validation_dataset .*added, not replaced"):
+        campaign.create_or_check(config_for(dataset, validation_dataset=str(dataset)))
+    with pytest.raises(UsageError, match="validation_steps must be at least 1"):
+        config_for(dataset, validation_steps=0).validate()
+    run(campaign.dir, target=target, progress=False, stop_after_steps=6)
+
+    store = json.loads((campaign.dir / "features-validation" / "features.json").read_text())
+    assert store["num_rows"] == 4  # every row of the validation set, none held out of it
+    validated = [e for e in campaign.log_history() if "eval_validation_loss" in e]
+    assert [e["step"] for e in validated] == [4, 6] and all(e.get("core_hours") for e in validated)
+    assert all(1 <= e["eval_validation_tau_decoding"] <= config.block_size for e in validated)
+    assert all(1 <= e["eval_validation_tau_t1_teacher_forced"] <= config.block_size for e in validated)
+    # The milestones (the ones before the set was added get it from their weights at the restart).
+    milestones = campaign.milestones()
+    assert milestones and all(m["validation_tau_decoding"] >= 1 and m["validation_loss"] > 0 for m in milestones)
+    data = write_report(campaign, tmp_path / "report")
+    assert [p["step"] for p in data["validation"]] == [4, 6]
+    assert "validation τ (decoding)" in (tmp_path / "report" / "curve.md").read_text()
+    by_metric = {r["metric"]: r for r in data["extrapolation"]}
+    assert by_metric["validation_tau_decoding"]["points"] == min(len(milestones), campaign_module.EXTRAPOLATION_WINDOW)
+
+
+def test_validation_time_is_not_training_time(monkeypatch):
+    now = iter([10.0, 25.0, 40.0, 100.0])  # started; excluded block from 25 to 40; read at 100
+    monkeypatch.setattr(campaign_module.time, "process_time", lambda: next(now))
+    clock = campaign_module.CoreHours(spent_before=5.0)
+    with clock.excluded():
+        pass
+    assert clock.seconds() == pytest.approx(5.0 + 90.0 - 15.0)
 
 
 def test_a_dataset_that_grows_extends_its_own_store_and_leaves_the_next_datasets_store_alone(target, tmp_path):
@@ -233,8 +289,7 @@ def test_rows_that_answer_a_held_out_prompt_again_are_not_trained_on():
 
 
 def test_a_campaign_goes_on_elsewhere_from_an_exported_milestone(target, dataset, tmp_path, monkeypatch):
-    ticks = iter(range(10**6))
-    monkeypatch.setattr(campaign_module.time, "process_time", lambda: 0.5 * next(ticks))
+    tick_clock(monkeypatch)
     config = config_for(dataset, first_milestone_core_hours=2 / 3600, milestone_decay_fraction=0.25,
                         milestone_min_decay_steps=2)  # fmt: skip
     first = start(tmp_path / "first", config)
@@ -267,8 +322,7 @@ def test_a_campaign_goes_on_elsewhere_from_an_exported_milestone(target, dataset
 
 def test_carryover_is_compared_with_its_step_matched_continued_baseline_at_each_milestone(target, dataset, prompts,
                                                                                           tmp_path, monkeypatch):  # fmt: skip
-    ticks = iter(range(10**6))
-    monkeypatch.setattr(campaign_module.time, "process_time", lambda: 0.5 * next(ticks))
+    tick_clock(monkeypatch)
     config = config_for(dataset, prompts, first_milestone_core_hours=2 / 3600, milestone_prompts_per_category=1,
                         milestone_decay_fraction=0.25, milestone_min_decay_steps=2, carry_steps=3,
                         carry_num_anchors=2, carry_learning_rate=5e-3, carry_plain_weight=1.0)  # fmt: skip
@@ -308,8 +362,7 @@ def test_carryover_is_compared_with_its_step_matched_continued_baseline_at_each_
 
 def test_a_carryover_comparison_cut_short_by_a_stop_is_taken_when_the_campaign_resumes(target, dataset, prompts,
                                                                                        tmp_path, monkeypatch):  # fmt: skip
-    ticks = iter(range(10**6))
-    monkeypatch.setattr(campaign_module.time, "process_time", lambda: 0.5 * next(ticks))
+    tick_clock(monkeypatch)
     config = config_for(dataset, prompts, first_milestone_core_hours=2 / 3600, milestone_prompts_per_category=1,
                         milestone_decay_fraction=0.25, milestone_min_decay_steps=2)  # fmt: skip
     campaign = start(tmp_path / "c", config)

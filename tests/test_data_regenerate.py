@@ -113,6 +113,26 @@ def test_run_order_interleaves_categories(tmp_path, prompts_dir):
     assert len({r["id"] for r in order}) == 15
 
 
+def test_skip_per_category_leaves_out_the_first_prompts_of_each_category(tmp_path, prompts_dir, model, tokenizer):
+    everything = regen.ordered_prompts(_config(tmp_path, prompts_dir))
+    rest = regen.ordered_prompts(_config(tmp_path, prompts_dir, skip_per_category=2, limit_per_category=2))
+    first_two = {r["id"] for c in CATS for r in regen.load_prompts("train", [c], prompts_dir)[:2]}
+    assert len(rest) == 2 * len(CATS) and not first_two & {r["id"] for r in rest}
+    assert {r["id"] for r in rest} < {r["id"] for r in everything}
+    with pytest.raises(RegenerationError, match="skip_per_category must be 0 or more"):
+        regenerate(_config(tmp_path, prompts_dir, skip_per_category=-1), model=model, tokenizer=tokenizer)
+    # A run recorded before the setting existed resumes: its record was made without skipping.
+    config = _config(tmp_path, prompts_dir, max_chunks=1)
+    regenerate(config, model=model, tokenizer=tokenizer, show_progress=False)
+    state = Path(config.output) / regen.STATE_FILE
+    record = json.loads(state.read_text())
+    del record["identity"]["skip_per_category"]
+    state.write_text(json.dumps(record))
+    assert regenerate(config, model=model, tokenizer=tokenizer, show_progress=False)["chunks_done"] == 2
+    with pytest.raises(RegenerationError, match="skip_per_category: 0 there, 1 now"):
+        regenerate(_config(tmp_path, prompts_dir, skip_per_category=1), model=model, tokenizer=tokenizer)
+
+
 def test_resume_after_interruption_has_no_duplicates_or_gaps(tmp_path, prompts_dir, model, tokenizer, monkeypatch):
     reference = _config(tmp_path, prompts_dir, output=str(tmp_path / "reference"))
     regenerate(reference, model=model, tokenizer=tokenizer, show_progress=False)

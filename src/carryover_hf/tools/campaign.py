@@ -38,6 +38,7 @@ The loop (`run`) does, each time it starts:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -72,9 +73,12 @@ BRANCH_RECORD = "branch.json"
 # Settings a resume may change. The carry settings only shape the carryover comparisons taken from milestones; the
 # loss settings change the trunk's objective from its next step on (its weights and optimizer go on as they are), and
 # their change is recorded with that trunk step, so the curve shows where the recipe changed.
+# The validation settings only add measurements (a validation set may be added once, its cadence changed any time).
 CARRY_CHANGES = ("carry_steps", "carry_learning_rate", "carry_num_anchors", "carry_plain_weight")
 LOSS_CHANGES = ("distillation", "distillation_weight")
-RESUMABLE_CHANGES = CARRY_CHANGES + LOSS_CHANGES
+VALIDATION_CHANGES = ("validation_dataset", "validation_steps")
+RESUMABLE_CHANGES = CARRY_CHANGES + LOSS_CHANGES + VALIDATION_CHANGES
+VALIDATION = "validation"  # the validation set's store folder suffix, metric prefix (`eval_validation_*`) and keys
 
 
 @dataclass
@@ -132,6 +136,14 @@ class CampaignConfig:
     carry_learning_rate: float = 3e-4
     carry_num_anchors: int = 16
     carry_plain_weight: float = 0.0
+    # A validation set beside the benchmark's prompts: a regenerated dataset of the target's greedy responses to
+    # eval-split prompts the benchmark leaves out (`carryover-hf regenerate --split eval --skip_per_category 20
+    # --limit_per_category 20 --max_new_tokens 128`: the next 20 of each category). All its rows are evaluated (held-out
+    # metrics with prefix `eval_validation_`; the decoding replay there is the drafter-alone tau of full-block greedy
+    # `generate` on those prompts) every `validation_steps` trunk steps and at each milestone, outside the training
+    # core-hours. None: no validation set.
+    validation_dataset: str | None = None
+    validation_steps: int = 1000
 
     def validate(self) -> None:
         if self.drafter_type not in ("dflash", "markov"):
@@ -153,6 +165,8 @@ class CampaignConfig:
         if self.carry_steps < 0 or self.carry_num_anchors < 1 or self.carry_learning_rate <= 0 or self.carry_plain_weight < 0:
             raise UsageError("carry_steps must be >= 0, carry_num_anchors >= 1, carry_learning_rate positive and "
                              "carry_plain_weight >= 0.")  # fmt: skip
+        if self.validation_steps < 1:
+            raise UsageError(f"validation_steps must be at least 1, got {self.validation_steps}.")
         if self.carry_steps and not self.milestone_prompts_per_category:
             raise UsageError("carry_steps needs milestone_prompts_per_category >= 1: the comparison is benchmarked.")
 
@@ -191,6 +205,8 @@ class Campaign:
             if config is not None and _absolute(config) != saved:
                 changed = sorted(k for k, v in asdict(_absolute(config)).items() if asdict(saved)[k] != v)
                 fixed = [k for k in changed if k not in RESUMABLE_CHANGES]
+                if "validation_dataset" in changed and saved.validation_dataset is not None:
+                    fixed.append("validation_dataset (it may be added, not replaced: its curve would mix two sets)")
                 if fixed:
                     raise UsageError(
                         f"{self.dir} holds a campaign with other settings ({', '.join(fixed)}); resume it without "
@@ -198,6 +214,7 @@ class Campaign:
                     )
                 config = _absolute(config)
                 config.validate()
+                _check_datasets(config)
                 record = json.loads(self.config_path.read_text())
                 record["config"] = asdict(config)
                 change = {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "changed": changed,
@@ -211,9 +228,7 @@ class Campaign:
             return saved
         config = _absolute(config or CampaignConfig())
         config.validate()
-        missing = [d for d in config.datasets if not Path(d).exists()]
-        if missing:
-            raise UsageError(f"datasets {missing} do not exist.")
+        _check_datasets(config)
         self.dir.mkdir(parents=True, exist_ok=True)
         record = {"config": asdict(config), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
         self.config_path.write_text(json.dumps(record, indent=2) + "\n")
@@ -304,9 +319,16 @@ def read_export(export: Path, config: CampaignConfig) -> dict:
 def _absolute(config: CampaignConfig) -> CampaignConfig:
     values = asdict(config)
     values["datasets"] = [str(Path(d).resolve()) for d in config.datasets]
-    if config.milestone_prompts:
-        values["milestone_prompts"] = str(Path(config.milestone_prompts).resolve())
+    for key in ("milestone_prompts", "validation_dataset"):
+        if values[key]:
+            values[key] = str(Path(values[key]).resolve())
     return CampaignConfig(**values)
+
+
+def _check_datasets(config: CampaignConfig) -> None:
+    missing = [d for d in config.datasets + [config.validation_dataset] if d is not None and not Path(d).exists()]
+    if missing:
+        raise UsageError(f"datasets {missing} do not exist.")
 
 
 def _write_json(path: Path, value: Any) -> None:
@@ -357,19 +379,22 @@ def build_stores(campaign: Campaign, config: CampaignConfig, target, progress: b
     bounds = [0]
     for source in sources:
         bounds.append(bounds[-1] + len(source))
-    parts = {"eval": [("features-eval", held_out)]}
-    parts["train"] = [(name, [i for i in kept if bounds[k] <= i < bounds[k + 1]])
+    parts = {"eval": [("features-eval", rows, held_out)]}
+    parts["train"] = [(name, rows, [i for i in kept if bounds[k] <= i < bounds[k + 1]])
                       for k, name in enumerate(train_store_names(len(sources)))]  # fmt: skip
+    if config.validation_dataset:
+        validation = load_rows(config.validation_dataset, "validation_dataset")
+        parts[VALIDATION] = [(f"features-{VALIDATION}", validation, list(range(len(validation))))]
     stores: dict[str, list[Path]] = {}
     for kind, folders in parts.items():
-        for name, indices in folders:
+        for name, source, indices in folders:
             folder = campaign.dir / name
             build = FeatureBuildConfig(
                 output=str(folder), target=config.target, target_dtype=config.target_dtype,
                 target_layer_ids=config.target_layer_ids, dtype=config.feature_dtype, top_k=config.top_k,
                 shard_rows=config.feature_shard_rows, batch_size=config.feature_batch_size, num_threads=config.threads,
             )  # fmt: skip
-            manifest = build_features(build, target=target, rows=rows.select(indices), progress=progress)
+            manifest = build_features(build, target=target, rows=source.select(indices), progress=progress)
             print(f"campaign: {name}: {manifest['num_rows']} rows, {manifest['summary']['tokens']} tokens", flush=True)
             stores.setdefault(kind, []).append(folder)
     return stores
@@ -422,6 +447,15 @@ class CoreHours:
     def hours(self) -> float:
         return self.seconds() / 3600.0
 
+    @contextlib.contextmanager
+    def excluded(self):
+        """CPU time spent inside this block (a validation evaluation) is not training time."""
+        started = time.process_time()
+        try:
+            yield
+        finally:
+            self.before -= time.process_time() - started
+
 
 class StopRequest:
     """Set by SIGTERM (`carryover-hf campaign stop`): the trunk checkpoints after its current step and the run ends."""
@@ -461,6 +495,22 @@ def _trunk_callback(clock: CoreHours, milestone_at: float, stop: StopRequest, st
     return TrunkCallback()
 
 
+def _validation_callback(trainers: "_Trainers", clock: CoreHours):
+    """Evaluates the validation set every `validation_steps` trunk steps (its CPU time excluded from core-hours); the
+    trunk's trainer is given to it once built (`callback.trainer = ...`)."""
+    from transformers import TrainerCallback
+
+    class ValidationCallback(TrainerCallback):
+        trainer = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % trainers.config.validation_steps == 0:
+                with clock.excluded():
+                    self.trainer.evaluate(trainers.validation_rows, metric_key_prefix=f"eval_{VALIDATION}")
+
+    return ValidationCallback()
+
+
 def _core_seconds_at(checkpoint: str | None) -> float:
     if checkpoint is None:
         return 0.0
@@ -475,11 +525,12 @@ class _Trainers:
     resumed run then loads the checkpoint's weights over the new drafter)."""
 
     def __init__(self, config: CampaignConfig, target, tokenizer, train_rows, eval_rows, vocabulary_dir: Path,
-                 seed_folder: str | None = None):  # fmt: skip
+                 seed_folder: str | None = None, validation_rows=None):  # fmt: skip
         from ..training import cli as train_cli
 
         self.config, self.target, self.tokenizer, self.seed_folder = config, target, tokenizer, seed_folder
         self.train_rows, self.eval_rows, self.vocabulary_dir = train_rows, eval_rows, vocabulary_dir
+        self.validation_rows = validation_rows
         self.model_args = train_cli.ModelArguments(
             target=config.target, drafter_type=config.drafter_type, drafter_layers=config.drafter_layers,
             block_size=config.block_size, target_layer_ids=config.target_layer_ids,
@@ -532,8 +583,9 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
     stores = build_stores(campaign, config, target, progress)
     trunk = campaign.dir / TRUNK
     seed = campaign.seed()
+    validation = FeatureStore(stores[VALIDATION]) if VALIDATION in stores else None
     trainers = _Trainers(config, target, tokenizer, FeatureStore(stores["train"]), FeatureStore(stores["eval"]), trunk,
-                         seed["from"] if seed else None)  # fmt: skip
+                         seed["from"] if seed else None, validation)  # fmt: skip
     stop = StopRequest()
     previous = signal.signal(signal.SIGTERM, stop)  # stop: checkpoint after the current step
     try:
@@ -546,7 +598,12 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
             clock = CoreHours(_core_seconds_at(last) if last or not seed else 3600.0 * seed["core_hours"])
             index = len(campaign.milestones())
             callback = _trunk_callback(clock, milestone_core_hours(config, index), stop, stop_after_steps)
-            trainer = trainers(training_arguments(config, trunk), [callback])
+            callbacks = [callback]
+            if validation is not None:
+                callbacks.append(_validation_callback(trainers, clock))
+            trainer = trainers(training_arguments(config, trunk), callbacks)
+            for extra in callbacks[1:]:
+                extra.trainer = trainer
             print(f"campaign {config.name}: {'resuming ' + Path(last).name if last else 'starting'} at "
                   f"{clock.hours():.3f} training core-hours, milestone {index} at "
                   f"{milestone_core_hours(config, index):g}", flush=True)  # fmt: skip
@@ -589,17 +646,14 @@ def record_milestone(campaign: Campaign, config: CampaignConfig, trainers: "_Tra
     args = training_arguments(config, branch, max_steps=step + extra, eval_strategy="no", save_strategy="no", **schedule)
     trainer = trainers(args, [])
     trainer.train(resume_from_checkpoint=str(checkpoint))
-    evaluation = trainer.evaluate()
+    evaluation = milestone_evaluation(trainer, trainers)
     trainer.save_model(str(folder))
     shutil.rmtree(branch, ignore_errors=True)
     record: dict[str, Any] = {
         "index": index, "step": step, "core_hours": round(core_hours, 5),
         "planned_core_hours": milestone_core_hours(config, index), "decay_steps": extra,
         "decay_core_hours": round((time.process_time() - started) / 3600.0, 5),
-        "final_learning_rate": trainer.lr_scheduler.get_last_lr()[0],
-        "eval_tau": evaluation.get("eval_tau_teacher_forced"), "eval_tau_decoding": evaluation.get("eval_tau_decoding"),
-        "eval_tau_t1": evaluation.get("eval_tau_t1_teacher_forced"),
-        "eval_loss": evaluation.get("eval_loss"), "folder": str(folder),
+        "final_learning_rate": trainer.lr_scheduler.get_last_lr()[0], **evaluation, "folder": str(folder),
     }  # fmt: skip
     if config.milestone_prompts_per_category:
         record["bench"] = benchmark_milestone(config, folder, trainers.target, trainers.tokenizer, progress)
@@ -609,24 +663,54 @@ def record_milestone(campaign: Campaign, config: CampaignConfig, trainers: "_Tra
     return record
 
 
+# A milestone's evaluation: record key -> metric of `trainer.evaluate` (prefix `eval`, or `eval_validation` on the
+# validation set), each set's key prefix being the record's ("eval_", "validation_").
+MILESTONE_METRICS = {"tau": "tau_teacher_forced", "tau_decoding": "tau_decoding", "tau_t1": "tau_t1_teacher_forced",
+                     "loss": "loss"}  # fmt: skip
+
+
+def _evaluation_sets(trainers: "_Trainers") -> dict[str, tuple[str, Any]]:
+    """Record key prefix -> (metric key prefix, rows) of each set a milestone is evaluated on."""
+    sets = {"eval_": ("eval", None)}  # None: the trainer's own eval_dataset (the held-out rows)
+    if trainers.validation_rows is not None:
+        sets[f"{VALIDATION}_"] = (f"eval_{VALIDATION}", trainers.validation_rows)
+    return sets
+
+
+def _expected_metrics(config: CampaignConfig) -> list[str]:
+    """The metrics every set gives: tau at T = 1 only where the campaign distils (the store has the target's top-k)."""
+    return [key for key in MILESTONE_METRICS if key != "tau_t1" or config.distillation]
+
+
+def milestone_evaluation(trainer, trainers: "_Trainers", prefixes: list[str] | None = None) -> dict:
+    """The record keys of a milestone drafter's evaluation on the held-out rows and the validation set (those of
+    `prefixes` only, when given)."""
+    record = {}
+    for prefix, (metric_prefix, rows) in _evaluation_sets(trainers).items():
+        if prefixes is not None and prefix not in prefixes:
+            continue
+        evaluation = trainer.evaluate(rows, metric_key_prefix=metric_prefix)
+        record.update({prefix + key: evaluation.get(f"{metric_prefix}_{metric}") for key, metric in MILESTONE_METRICS.items()})
+    return record
+
+
 def backfill_held_out(campaign: Campaign, config: CampaignConfig, trainers: "_Trainers") -> None:
-    """Milestones recorded before a held-out metric existed (decoding τ; τ at T = 1, where the campaign distils and so
-    has the target's distribution) get it from their saved weights: one held-out evaluation each (seconds)."""
+    """Milestones recorded before a metric existed (held-out decoding τ; τ at T = 1; the validation set's metrics)
+    get it from their saved weights: one evaluation of each set that misses one (seconds for the held-out rows, about
+    a minute for the validation set)."""
     import shutil
 
-    keys = {"eval_tau_decoding": "eval_tau_decoding"}
-    if config.distillation:
-        keys["eval_tau_t1"] = "eval_tau_t1_teacher_forced"
     scratch = campaign.dir / "backfill"
     for milestone in campaign.milestones():
-        missing = [key for key in keys if milestone.get(key) is None]
+        missing = [prefix for prefix in _evaluation_sets(trainers)
+                   if any(milestone.get(prefix + key) is None for key in _expected_metrics(config))]  # fmt: skip
         if not missing or not (Path(milestone["folder"]) / "config.json").is_file():
             continue
         args = training_arguments(config, scratch, max_steps=1, eval_strategy="no", save_strategy="no")
-        evaluation = trainers(args, [], weights=Path(milestone["folder"])).evaluate()
-        found = {key: evaluation.get(keys[key]) for key in missing}
+        evaluation = milestone_evaluation(trainers(args, [], weights=Path(milestone["folder"])), trainers, missing)
+        found = {key: value for key, value in evaluation.items() if milestone.get(key) is None}
         campaign.add_milestone({**milestone, **found})
-        print(f"campaign: milestone {milestone['index']}: held-out {found}", flush=True)
+        print(f"campaign: milestone {milestone['index']}: {found}", flush=True)
     shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -824,23 +908,28 @@ def _carry_line(record: dict) -> str:
 def curve(campaign: Campaign) -> dict:
     """The campaign's learning curve: held-out and training points against training core-hours, and milestones."""
     history = campaign.log_history()
-    evaluation = [{"step": e["step"], "core_hours": e.get("core_hours"), "tau": e["eval_tau_teacher_forced"],
-                   "tau_decoding": e.get("eval_tau_decoding"), "tau_t1": e.get("eval_tau_t1_teacher_forced"),
-                   "loss": e["eval_loss"],
-                   "acc_pos_01": e.get("eval_acc_pos_01")}
-                  for e in history if "eval_tau_teacher_forced" in e]  # fmt: skip
+
+    def points(prefix: str) -> list[dict]:
+        return [{"step": e["step"], "core_hours": e.get("core_hours"), "tau": e[f"{prefix}_tau_teacher_forced"],
+                 "tau_decoding": e.get(f"{prefix}_tau_decoding"), "tau_t1": e.get(f"{prefix}_tau_t1_teacher_forced"),
+                 "loss": e[f"{prefix}_loss"], "acc_pos_01": e.get(f"{prefix}_acc_pos_01")}
+                for e in history if f"{prefix}_tau_teacher_forced" in e]  # fmt: skip
+
     training = [{"step": e["step"], "core_hours": e.get("core_hours"), "loss": e["loss"],
                  "tau": e.get("tau_teacher_forced"), "learning_rate": e.get("learning_rate")}
                 for e in history if "loss" in e and "eval_loss" not in e]  # fmt: skip
-    return {"config": asdict(campaign.load_config()), "eval": evaluation, "train": training,
-            "milestones": campaign.milestones(), "recipe_changes": campaign.recipe_changes()}  # fmt: skip
+    return {"config": asdict(campaign.load_config()), "eval": points("eval"), VALIDATION: points(f"eval_{VALIDATION}"),
+            "train": training, "milestones": campaign.milestones(), "recipe_changes": campaign.recipe_changes()}  # fmt: skip
 
 
-# The issue's targets for a drafter on its own (metric key, label, value): the milestones' held-out decoding tau, and
-# the drafter-alone speedup with each round's length chosen by the cost policy, at each temperature.
+# The issue's targets for a drafter on its own (metric key, label, value): the milestones' decoding tau on the
+# validation set (the benchmark's kind of prompts) and on the held-out rows, and the drafter-alone speedup with each
+# round's length chosen by the cost policy, at each temperature.
 CURVE_TARGETS = (
-    ("tau_decoding", "held-out τ (decoding)", 2.5),
-    ("tau_decoding", "held-out τ (decoding)", 3.5),
+    (f"{VALIDATION}_tau_decoding", "validation τ (decoding)", 2.5),
+    (f"{VALIDATION}_tau_decoding", "validation τ (decoding)", 3.5),
+    ("eval_tau_decoding", "held-out τ (decoding)", 2.5),
+    ("eval_tau_decoding", "held-out τ (decoding)", 3.5),
     ("T=0 adaptive speedup", "drafter alone, T = 0, adaptive length", 1.3),
     ("T=1 adaptive speedup", "drafter alone, T = 1, adaptive length", 1.15),
 )
@@ -849,8 +938,8 @@ EXTRAPOLATION_WINDOW = 3  # the newest milestones a trend is fitted on (the regi
 
 def milestone_metric(milestone: dict, key: str) -> float | None:
     """One of the `CURVE_TARGETS` metrics of a milestone (None where it was not measured)."""
-    if key == "tau_decoding":
-        return milestone.get("eval_tau_decoding")
+    if key.endswith("tau_decoding"):
+        return milestone.get(key)
     temperature = key.split()[0]
     adaptive = ((milestone.get("bench") or {}).get(temperature) or {}).get("adaptive") or {}
     return (adaptive.get("speedup") or {}).get("estimate")
@@ -916,15 +1005,26 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> 
              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     lines += [f"| {p['step']} | {p['core_hours'] or 0:.3f} | {p['tau']:.3f} | {_number(p.get('tau_decoding'))} | "
               f"{_number(p.get('tau_t1'))} | {p['loss']:.4f} |" for p in data["eval"]]  # fmt: skip
+    if data[VALIDATION]:
+        lines += ["", "Validation set (`validation_dataset`: the target's greedy responses to eval-split prompts the "
+                  "benchmark leaves out), evaluated every `validation_steps`, outside the training core-hours:", "",
+                  "| step | training core-hours | validation τ (teacher-forced) | validation τ (decoding) | "
+                  "validation τ at T = 1 (teacher-forced, expected) | validation loss |",
+                  "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [f"| {p['step']} | {p['core_hours'] or 0:.3f} | {p['tau']:.3f} | {_number(p.get('tau_decoding'))} | "
+                  f"{_number(p.get('tau_t1'))} | {p['loss']:.4f} |" for p in data[VALIDATION]]  # fmt: skip
     for change in data["recipe_changes"]:
         moved = ", ".join(f"{k} {change['from'][k]} → {change['to'][k]}" for k in change["changed"])
         lines += ["", f"Recipe changed after trunk step {change['trunk_step']} ({change['at']}): {moved}."]
     if data["milestones"]:
-        lines += ["", "| milestone | step | core-hours | held-out τ (teacher-forced / decoding) | drafter alone (T: speedup, τ) |",
-                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += ["", "| milestone | step | core-hours | held-out τ (teacher-forced / decoding / T = 1) | "
+                  "validation τ (teacher-forced / decoding / T = 1) | drafter alone (T: speedup, τ) |",
+                  "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
         for m in data["milestones"]:
-            bench, taus = _bench_summary(m), f"{_number(m.get('eval_tau'))} / {_number(m.get('eval_tau_decoding'))}"
-            lines.append(f"| {m['index']} | {m['step']} | {m['core_hours']:.3f} | {taus} | {bench or 'not benchmarked'} |")
+            taus = [" / ".join(_number(m.get(prefix + key)) for key in ("tau", "tau_decoding", "tau_t1"))
+                    for prefix in ("eval_", f"{VALIDATION}_")]  # fmt: skip
+            lines.append(f"| {m['index']} | {m['step']} | {m['core_hours']:.3f} | {taus[0]} | {taus[1]} | "
+                         f"{_bench_summary(m) or 'not benchmarked'} |")  # fmt: skip
     compared = [m for m in data["milestones"] if CARRY in m]
     if compared:
         lines += ["", "Carryover (carry on) against the step-matched continued baseline (carry off), from each milestone:",
@@ -1013,6 +1113,15 @@ def _plot(data: dict, path: Path) -> None:
         if sampled:
             axis.plot([p["core_hours"] for p in sampled], [p["tau_t1"] for p in sampled], marker=".",
                       label="held-out τ at T = 1 (teacher-forced, expected)")  # fmt: skip
+        validated = [p for p in data.get(VALIDATION, []) if p["core_hours"] is not None and p.get("tau_decoding")]
+        if validated:
+            axis.plot([p["core_hours"] for p in validated], [p["tau_decoding"] for p in validated], marker="*",
+                      label="validation τ (decoding)")  # fmt: skip
+        validated_milestones = [m for m in data["milestones"] if m.get(f"{VALIDATION}_tau_decoding") is not None]
+        if validated_milestones:
+            axis.plot([m["core_hours"] for m in validated_milestones],
+                      [m[f"{VALIDATION}_tau_decoding"] for m in validated_milestones], marker="P", linestyle=":",
+                      label="milestone validation τ (decoding)")  # fmt: skip
         milestones = [m for m in data["milestones"] if m.get("eval_tau_decoding") is not None]
         if milestones:
             axis.plot([m["core_hours"] for m in milestones], [m["eval_tau_decoding"] for m in milestones], marker="^",
@@ -1083,9 +1192,13 @@ def _status(campaign: Campaign) -> int:
     for e in evaluation[-5:]:
         print(f"  step {e['step']:>7}  core-hours {e.get('core_hours') or 0:7.3f}  held-out tau "
               f"{e['eval_tau_teacher_forced']:.3f} (decoding {_number(e.get('eval_tau_decoding'))})")  # fmt: skip
+    for e in [e for e in history if f"eval_{VALIDATION}_tau_decoding" in e][-3:]:
+        print(f"  step {e['step']:>7}  core-hours {e.get('core_hours') or 0:7.3f}  validation tau (decoding) "
+              f"{e[f'eval_{VALIDATION}_tau_decoding']:.3f}")  # fmt: skip
     for m in campaign.milestones():
         print(f"  milestone {m['index']}: step {m['step']}, {m['core_hours']:.3f} core-hours, held-out tau "
-              f"{m.get('eval_tau')} (decoding {_number(m.get('eval_tau_decoding'))}); drafter alone "
+              f"{m.get('eval_tau')} (decoding {_number(m.get('eval_tau_decoding'))}, validation "
+              f"{_number(m.get(f'{VALIDATION}_tau_decoding'))}); drafter alone "
               f"{_bench_summary(m) or 'not benchmarked'}")  # fmt: skip
         if CARRY in m:
             print(f"    carryover against the continued baseline ({m[CARRY]['steps']} steps each): {_carry_line(m[CARRY])}")

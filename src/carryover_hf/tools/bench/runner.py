@@ -4,7 +4,7 @@ Methods (see `METHOD_KINDS`): the target alone, Transformers' prompt lookup deco
 native DFlash path with the drafter's weights, the drafter with its carry segment off and with it on (full blocks
 every round), the drafter's own rule-based proposal defaults (`rules`: its lookup, backoffs and confidence cut) and
 the cost-aware round policy (`policy`: `round_policy="cost"`; `policy_alone`: the same with the drafter as its only
-source, `suffix_match=False`: the drafter alone with the length chosen per round). For each
+source, `suffix_match=False` and carry off: the drafter alone with the length chosen per round). For each
 prompt all methods run back to back, starting at a different method for each prompt, so that machine drift and
 warm caches affect all of them alike.
 
@@ -246,9 +246,14 @@ class Method:
                     "lookup_backoff": self.lookup_backoff or 0, "round_policy": "rules"}
         if self.kind == "rules":  # the drafter's own proposal defaults, under the rule-based policy
             return {"round_policy": "rules"}
-        if self.kind in ("policy", "policy_alone"):
-            return {"round_policy": "cost", "verification_cost": verification_cost(settings),
-                    "suffix_match": self.kind == "policy"}  # fmt: skip
+        if self.kind == "policy":  # the drafter's own defaults (its carry setting included), under the cost policy
+            return {"round_policy": "cost", "verification_cost": verification_cost(settings), "suffix_match": True}
+        if self.kind == "policy_alone":
+            # The plain draft as the only source, whatever the drafter's config says: no suffix match and carry off
+            # (before 2026-12-07 the carry setting came from the drafter's generation_config, so a drafter saved with
+            # `use_carryover: true`, as campaign milestones are, ran with its carry segment on).
+            return {"round_policy": "cost", "verification_cost": verification_cost(settings), "suffix_match": False,
+                    "use_carryover": False}  # fmt: skip
         return {}
 
     def describe(self) -> dict[str, Any]:

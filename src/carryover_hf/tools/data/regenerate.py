@@ -34,9 +34,11 @@ DECODER = "refill-v1"
 PREFILL_TOKENS = 4096  # most padded tokens per prefill forward
 # Settings that change what a chunk contains: a resumed run must use the same ones.
 IDENTITY_FIELDS = (
-    "target", "dtype", "split", "categories", "limit_per_category", "max_new_tokens", "max_length", "do_sample",
-    "temperature", "top_p", "top_k", "seed", "chunk_size", "drop_unfinished",
+    "target", "dtype", "split", "categories", "skip_per_category", "limit_per_category", "max_new_tokens",
+    "max_length", "do_sample", "temperature", "top_p", "top_k", "seed", "chunk_size", "drop_unfinished",
 )  # fmt: skip
+# Identity settings added after runs were recorded: a record without one was made with its default.
+IDENTITY_DEFAULTS = {"skip_per_category": 0}
 
 
 @dataclass
@@ -49,7 +51,11 @@ class RegenerationConfig:
     prompts_dir: str = field(default=str(PROMPTS_DIR), metadata={"help": "folder of the built prompt suites"})
     split: str = field(default="train", metadata={"help": "train or eval"})
     categories: list[str] = field(default_factory=lambda: list(CATEGORIES), metadata={"help": "categories to use"})
-    limit_per_category: int | None = field(default=None, metadata={"help": "use only the first N prompts of each"})
+    skip_per_category: int = field(default=0, metadata={
+        "help": "leave out the first N prompts of each category (e.g. those `carryover-hf bench --num_prompts N` "
+                "measures, to make a validation set beside them)"})  # fmt: skip
+    limit_per_category: int | None = field(default=None, metadata={
+        "help": "use only the first N prompts of each (after --skip_per_category)"})  # fmt: skip
     batch_size: int = field(default=64, metadata={"help": "rows decoded together (refill keeps the batch full)"})
     chunk_size: int = field(default=64, metadata={"help": "prompts per resumable chunk file"})
     max_new_tokens: int = field(default=768, metadata={"help": "most tokens generated per assistant turn"})
@@ -87,7 +93,7 @@ def ordered_prompts(config: RegenerationConfig) -> list[dict]:
         raise RegenerationError(f"unknown categories {unknown}; choose from {list(CATEGORIES)}")
     per_category = []
     for category in config.categories:
-        records = load_prompts(config.split, [category], config.prompts_dir)
+        records = load_prompts(config.split, [category], config.prompts_dir)[config.skip_per_category :]
         if config.limit_per_category is not None:
             records = records[: config.limit_per_category]
         random.Random(f"{config.seed}-{category}").shuffle(records)
@@ -113,6 +119,8 @@ def _check_config(config: RegenerationConfig) -> None:
         problems.append(f"--dtype must be float32 or bfloat16, got {config.dtype!r}")
     if config.decoder not in DECODERS:
         problems.append(f"--decoder must be one of {list(DECODERS)}, got {config.decoder!r}")
+    if config.skip_per_category < 0:
+        problems.append("--skip_per_category must be 0 or more")
     for name in ("batch_size", "chunk_size", "max_new_tokens", "max_length"):
         if getattr(config, name) < 1:
             problems.append(f"--{name} must be positive")
@@ -130,7 +138,7 @@ def _prepare_output(config: RegenerationConfig, fingerprint: str, num_prompts: i
     state_path = output / STATE_FILE
     identity = config.identity() | {"prompts_sha256": fingerprint, "num_prompts": num_prompts}
     if state_path.is_file():
-        recorded = json.loads(state_path.read_text())["identity"]
+        recorded = IDENTITY_DEFAULTS | json.loads(state_path.read_text())["identity"]
         differing = sorted(k for k in set(recorded) | set(identity) if recorded.get(k) != identity.get(k))
         if differing:
             details = ", ".join(f"{k}: {recorded.get(k)!r} there, {identity.get(k)!r} now" for k in differing)
