@@ -335,6 +335,19 @@ def test_max_train_seconds_ends_training_early_and_saves(target, dataset, tmp_pa
         make_args(tmp_path / "bad", max_train_seconds=0)
 
 
+@pytest.mark.parametrize("objective", ["dflash", "carryover"])
+def test_the_saved_drafter_carries_by_default_only_where_its_carry_segment_was_trained(target, dataset, tmp_path,
+                                                                                        objective):  # fmt: skip
+    drafter = fresh_drafter(target)
+    assert drafter.generation_config.use_carryover is True  # a new drafter's default
+    trainer = CarryoverTrainer(model=drafter, target_model=target, train_dataset=dataset,
+                               args=make_args(tmp_path, objective=objective, max_steps=1))  # fmt: skip
+    trainer.train()
+    trainer.save_model(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "generation_config.json").read_text())
+    assert saved["use_carryover"] is (objective == "carryover")
+
+
 def test_skipping_repeated_text_shapes_the_training_anchors_only(target, dataset, tmp_path):
     """`anchor_skip_repeated`: no training anchor where the last N tokens occurred before in the row; evaluation
     still draws from every position."""

@@ -173,6 +173,9 @@ class CarryoverTrainer(Trainer):
         drafter.carry_embedding.requires_grad_(self.objective == "carryover")
         if self.objective == "carryover":
             drafter.config.trained_with_carryover = True
+        # The saved proposal default carries only where the carry segment was trained (a drafter trained by the dflash
+        # objective alone would otherwise draft with an untrained E_carry in every `generate` call that follows it).
+        drafter.generation_config.use_carryover = bool(drafter.config.trained_with_carryover)
 
         target_model.requires_grad_(False)
         target_model.eval()
