@@ -185,8 +185,13 @@ def test_a_validation_set_is_measured_every_validation_steps_and_at_milestones_o
 
     store = json.loads((campaign.dir / "features-validation" / "features.json").read_text())
     assert store["num_rows"] == 4  # every row of the validation set, none held out of it
-    validated = [e for e in campaign.log_history() if "eval_validation_loss" in e]
+    history = campaign.log_history()
+    validated = [e for e in history if "eval_validation_loss" in e]
     assert [e["step"] for e in validated] == [4, 6] and all(e.get("core_hours") for e in validated)
+    # The trunk's own logging and held-out evaluation go on at the steps the validation set is measured at (step 6
+    # has all three: eval_steps 3, logging_steps 1).
+    assert {e["step"] for e in history if "loss" in e and "eval_loss" not in e} >= {3, 4, 5, 6}
+    assert {e["step"] for e in history if "eval_tau_teacher_forced" in e} >= {3, 6}
     assert all(1 <= e["eval_validation_tau_decoding"] <= config.block_size for e in validated)
     assert all(1 <= e["eval_validation_tau_t1_teacher_forced"] <= config.block_size for e in validated)
     # The milestones (the ones before the set was added get it from their weights at the restart).

@@ -505,8 +505,12 @@ def _validation_callback(trainers: "_Trainers", clock: CoreHours):
 
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step % trainers.config.validation_steps == 0:
+                # `evaluate` clears the step's log / evaluate flags (its `on_log` and `on_evaluate`), which the flow
+                # callback has just set for the trunk's own logging and held-out evaluation: they are put back.
+                flags = (control.should_log, control.should_evaluate, control.should_save)
                 with clock.excluded():
                     self.trainer.evaluate(trainers.validation_rows, metric_key_prefix=f"eval_{VALIDATION}")
+                control.should_log, control.should_evaluate, control.should_save = flags
 
     return ValidationCallback()
 
