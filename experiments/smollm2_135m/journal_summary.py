@@ -1,8 +1,9 @@
 """One temperature of a `carryover-hf bench` journal (runs.jsonl), summarised with the bench's own `summarize` and
 `compare` before the whole run has finished: speedup and tau of each method over the prompts every method has run,
-the mean over categories, the paired m5-against-m4 comparison, and the speedup per category.
+the mean over categories, the paired comparison of two methods (default m5/policy_alone against m4/policy_alone),
+and the speedup per category.
 
-    python experiments/smollm2_135m/journal_summary.py ../runs/alone-m5/runs.jsonl 0
+    python experiments/smollm2_135m/journal_summary.py ../runs/alone-m5/runs.jsonl 0 [A B]
 
 Written for the 2026-12-07 drafter-alone bench of campaign milestones 4 and 5
 (benchmarks/results/smollm2-135m-campaign-alone-m5/), read while its T = 1 half was running."""
@@ -14,6 +15,7 @@ from collections import defaultdict
 from carryover_hf.tools.bench.report import compare, summarize
 
 path, temperature = sys.argv[1], float(sys.argv[2])
+first, second = sys.argv[3:5] if len(sys.argv) > 4 else ("m5/policy_alone", "m4/policy_alone")
 with open(path) as journal:
     groups = [json.loads(line)["group"] for line in journal if '"group"' in line]
 groups = [g for g in groups if g["temperature"] == temperature]
@@ -45,9 +47,8 @@ for m in methods:
     print(m, "speedup", {k: round(v, 3) for k, v in s["speedup"].items() if isinstance(v, float)},
           "tau", round(s["acceptance_length_micro"]["estimate"], 3), "mean over categories",
           round(sum(per) / len(per), 3), "min cat", round(min(per), 3))
-paired = compare([by["m5/policy_alone"][i] for i in ids], [by["m4/policy_alone"][i] for i in ids], True,
-                 n_resamples=2000)
-print("m5 vs m4: tau gain", {k: round(v, 4) for k, v in paired["acceptance_length_relative_gain"].items()
+paired = compare([by[first][i] for i in ids], [by[second][i] for i in ids], True, n_resamples=2000)
+print(f"{first} vs {second}: tau gain", {k: round(v, 4) for k, v in paired["acceptance_length_relative_gain"].items()
                              if isinstance(v, float)},
       "speed", {k: round(v, 4) for k, v in paired["speed_ratio"].items() if isinstance(v, float)})
 for m in methods:
