@@ -650,13 +650,14 @@ def record_milestone(campaign: Campaign, config: CampaignConfig, trainers: "_Tra
     args = training_arguments(config, branch, max_steps=step + extra, eval_strategy="no", save_strategy="no", **schedule)
     trainer = trainers(args, [])
     trainer.train(resume_from_checkpoint=str(checkpoint))
+    decay_seconds = time.process_time() - started  # the decay's training only, not the evaluations after it
     evaluation = milestone_evaluation(trainer, trainers)
     trainer.save_model(str(folder))
     shutil.rmtree(branch, ignore_errors=True)
     record: dict[str, Any] = {
         "index": index, "step": step, "core_hours": round(core_hours, 5),
         "planned_core_hours": milestone_core_hours(config, index), "decay_steps": extra,
-        "decay_core_hours": round((time.process_time() - started) / 3600.0, 5),
+        "decay_core_hours": round(decay_seconds / 3600.0, 5),
         "final_learning_rate": trainer.lr_scheduler.get_last_lr()[0], **evaluation, "folder": str(folder),
     }  # fmt: skip
     if config.milestone_prompts_per_category:
