@@ -1005,19 +1005,11 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> 
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "curve.json", data)
     lines = [f"# Campaign {data['config']['name']}", "", TAU_NOTE.format(tokens=DECODING_MAX_TOKENS), "",
-             "| step | training core-hours | held-out τ (teacher-forced) | held-out τ (decoding) | "
-             "held-out τ at T = 1 (teacher-forced, expected) | held-out loss |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    lines += [f"| {p['step']} | {p['core_hours'] or 0:.3f} | {p['tau']:.3f} | {_number(p.get('tau_decoding'))} | "
-              f"{_number(p.get('tau_t1'))} | {p['loss']:.4f} |" for p in data["eval"]]  # fmt: skip
+             *_points_table("held-out", data["eval"])]  # fmt: skip
     if data[VALIDATION]:
         lines += ["", "Validation set (`validation_dataset`: the target's greedy responses to eval-split prompts the "
                   "benchmark leaves out), evaluated every `validation_steps`, outside the training core-hours:", "",
-                  "| step | training core-hours | validation τ (teacher-forced) | validation τ (decoding) | "
-                  "validation τ at T = 1 (teacher-forced, expected) | validation loss |",
-                  "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-        lines += [f"| {p['step']} | {p['core_hours'] or 0:.3f} | {p['tau']:.3f} | {_number(p.get('tau_decoding'))} | "
-                  f"{_number(p.get('tau_t1'))} | {p['loss']:.4f} |" for p in data[VALIDATION]]  # fmt: skip
+                  *_points_table("validation", data[VALIDATION])]  # fmt: skip
     for change in data["recipe_changes"]:
         moved = ", ".join(f"{k} {change['from'][k]} → {change['to'][k]}" for k in change["changed"])
         lines += ["", f"Recipe changed after trunk step {change['trunk_step']} ({change['at']}): {moved}."]
@@ -1074,6 +1066,14 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> 
     return data
 
 
+def _points_table(label: str, points: list[dict]) -> list[str]:
+    """A markdown table of one set's evaluation points (`curve`'s "eval" or "validation")."""
+    header = [f"| step | training core-hours | {label} τ (teacher-forced) | {label} τ (decoding) | "
+              f"{label} τ at T = 1 (teacher-forced, expected) | {label} loss |", "| --- | --- | --- | --- | --- | --- |"]
+    return header + [f"| {p['step']} | {p['core_hours'] or 0:.3f} | {p['tau']:.3f} | {_number(p.get('tau_decoding'))} | "
+                     f"{_number(p.get('tau_t1'))} | {p['loss']:.4f} |" for p in points]  # fmt: skip
+
+
 def _save_bfloat16(source: Path, target: Path) -> None:
     """A copy of a safetensors file with its float32 tensors in bfloat16 (half the bytes to commit; a campaign that
     goes on from it trains in float32 again); other tensors (the draft vocabulary's ids) as they are."""
@@ -1122,19 +1122,13 @@ def _plot(data: dict, path: Path) -> None:
         if validated:
             axis.plot([p["core_hours"] for p in validated], [p["tau_decoding"] for p in validated], marker="*",
                       label="validation τ (decoding)")  # fmt: skip
-        validated_milestones = [m for m in data["milestones"] if m.get(f"{VALIDATION}_tau_decoding") is not None]
-        if validated_milestones:
-            axis.plot([m["core_hours"] for m in validated_milestones],
-                      [m[f"{VALIDATION}_tau_decoding"] for m in validated_milestones], marker="P", linestyle=":",
-                      label="milestone validation τ (decoding)")  # fmt: skip
-        milestones = [m for m in data["milestones"] if m.get("eval_tau_decoding") is not None]
-        if milestones:
-            axis.plot([m["core_hours"] for m in milestones], [m["eval_tau_decoding"] for m in milestones], marker="^",
-                      linestyle=":", label="milestone held-out τ (decoding)")  # fmt: skip
-        sampled_milestones = [m for m in data["milestones"] if m.get("eval_tau_t1") is not None]
-        if sampled_milestones:
-            axis.plot([m["core_hours"] for m in sampled_milestones], [m["eval_tau_t1"] for m in sampled_milestones],
-                      marker="v", linestyle=":", label="milestone held-out τ at T = 1 (expected)")  # fmt: skip
+        for key, marker, label in ((f"{VALIDATION}_tau_decoding", "P", "milestone validation τ (decoding)"),
+                                   ("eval_tau_decoding", "^", "milestone held-out τ (decoding)"),
+                                   ("eval_tau_t1", "v", "milestone held-out τ at T = 1 (expected)")):  # fmt: skip
+            measured = [m for m in data["milestones"] if m.get(key) is not None]
+            if measured:
+                axis.plot([m["core_hours"] for m in measured], [m[key] for m in measured], marker=marker, linestyle=":",
+                          label=label)  # fmt: skip
         for change in data.get("recipe_changes", []):  # where the trunk's loss changed, once the curve passes it
             after = [p["core_hours"] for p in data["train"] if p["step"] > change["trunk_step"] and p["core_hours"]]
             if after:
