@@ -236,6 +236,29 @@ def test_a_dataset_that_grows_extends_its_own_store_and_leaves_the_next_datasets
     assert campaign.log_history()[-1]["step"] == 4
 
 
+def test_feature_stores_may_be_built_with_more_threads_than_the_campaign_trains_with(target, dataset, tmp_path,
+                                                                                     monkeypatch):
+    from carryover_hf.training import feature_store
+
+    built, original = [], feature_store.build_features
+
+    def recording(build, **kwargs):
+        built.append(build.num_threads)
+        return original(build, **kwargs)
+
+    monkeypatch.setattr(feature_store, "build_features", recording)
+    threads = torch.get_num_threads()
+    try:
+        campaign = start(tmp_path / "c", config_for(dataset, threads=1))
+        run(campaign.dir, target=target, progress=False, stop_after_steps=1, build_threads=2)
+        assert built and set(built) == {2}  # every store, held-out and training
+        assert torch.get_num_threads() == 1  # then training at the campaign's own
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(UsageError, match="--build_threads must be at least 1"):
+        campaign_module.main(["start", "--dir", str(tmp_path / "c"), "--build_threads", "0"])
+
+
 def test_a_resume_with_other_settings_or_bad_settings_is_refused(dataset, tmp_path):
     campaign = start(tmp_path / "c", config_for(dataset))
     with pytest.raises(UsageError, match="other settings .*block_size"):

@@ -205,6 +205,35 @@ def test_calibration_is_measured_once_per_model_device_dtype_and_threads(tmp_pat
     assert len(list((tmp_path / "verification-cost").glob("*.json"))) == 2  # another thread count, another entry
 
 
+def test_calibration_gives_every_length_the_same_share_of_a_passing_load(monkeypatch):
+    # A forward costs 1 + 0.1 x (new tokens) units on a clock of its own, twice that while another process holds the
+    # core: here for the middle third of the calibration's forwards, long enough to cover several lengths' repeats
+    # had they been timed back to back. Timed in interleaved passes, every length sees the load in about a third of
+    # its samples and the median keeps the true curve.
+    from carryover_hf import round_policy
+
+    target = tiny_target("llama", vocab_size=32)
+    max_drafts, repeats = 7, 8
+    forwards = (repeats + 1) * (max_drafts + 1)
+    clock, calls = [0.0], [0]
+
+    def forward_costs(module, args, kwargs):
+        tokens = (args[0] if args else kwargs["input_ids"]).shape[1]
+        if tokens <= max_drafts + 1:  # the calibration's forwards, not the prefix
+            loaded = forwards / 3 <= calls[0] < 2 * forwards / 3
+            clock[0] += (1.0 + 0.1 * tokens) * (2.0 if loaded else 1.0)
+            calls[0] += 1
+
+    monkeypatch.setattr(round_policy.time, "perf_counter", lambda: clock[0])
+    handle = target.register_forward_pre_hook(forward_costs, with_kwargs=True)
+    try:
+        curve = calibrate(target, max_drafts=max_drafts, context_length=16, repeats=repeats, cache=False)
+    finally:
+        handle.remove()
+    assert calls[0] == forwards
+    assert curve.relative == pytest.approx([(1.0 + 0.1 * (k + 1)) / 1.1 for k in range(max_drafts + 1)])
+
+
 def _plan(policy, sequence, accepted):
     return policy.plan(torch.tensor([sequence]), first_draft_accepted=accepted > 0, accepted_drafts=accepted)
 

@@ -463,6 +463,9 @@ class CostAwarePolicy:
 
 
 # -- calibration -----------------------------------------------------------------------------------------------------
+# Part of the cache key: a curve timed the older way (each length's repeats back to back) is timed again
+CALIBRATION_METHOD = "interleaved"
+
 def _cache_file(key: Mapping[str, str]) -> Path:
     root = os.environ.get("CARRYOVER_HF_CACHE")
     base = Path(root).expanduser() if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "carryover-hf"
@@ -475,12 +478,14 @@ def calibrate(
     target,
     max_drafts: int,
     context_length: int = 256,
-    repeats: int = 5,
+    repeats: int = 9,
     cache: bool = True,
 ) -> VerificationCost:
-    """Times the target's forward over 1..max_drafts + 1 new tokens after a `context_length`-token prefix (median of
-    `repeats`, the device synchronised), relative to its 1-token step; read from / written to the on-disk cache keyed by
-    (model name, device, dtype, threads) unless `cache=False`."""
+    """Times the target's forward over 1..max_drafts + 1 new tokens after a `context_length`-token prefix, relative to
+    its 1-token step (the device synchronised): `repeats` passes over every length in turn, after one warm-up pass,
+    and each length's median. Interleaved passes, not one length's repeats back to back, so that a change of load
+    on the machine (another process on a shared core) slows every length alike instead of bending the curve. Read
+    from / written to the on-disk cache keyed by (model name, device, dtype, threads) unless `cache=False`."""
     from transformers import DynamicCache
 
     device, dtype = next(target.parameters()).device, next(target.parameters()).dtype
@@ -491,7 +496,8 @@ def calibrate(
     layout = target.config.to_json_string(use_diff=False) + ",".join(sorted(kernels))
     key = {"model": str(getattr(target.config, "_name_or_path", "") or type(target).__name__), "device": str(device),
            "dtype": str(dtype).replace("torch.", ""), "threads": str(torch.get_num_threads()),
-           "max_drafts": str(max_drafts), "layout": hashlib.sha256(layout.encode()).hexdigest()[:10]}  # fmt: skip
+           "max_drafts": str(max_drafts), "layout": hashlib.sha256(layout.encode()).hexdigest()[:10],
+           "method": CALIBRATION_METHOD}  # fmt: skip
     path = _cache_file(key)
     if cache and path.is_file():
         return VerificationCost(json.loads(path.read_text())["relative"])
@@ -502,18 +508,17 @@ def calibrate(
     prefix = torch.randint(0, vocab, (1, context_length), generator=generator).to(device)
     past = DynamicCache()
     target(prefix, **{CACHE_ARGUMENT: past}, use_cache=True)
-    times = []
-    for k in range(max_drafts + 1):
-        tokens = torch.randint(0, vocab, (1, k + 1), generator=generator).to(device)
-        samples = []
-        for _ in range(repeats + 1):  # the first is a warm-up
+    tokens = [torch.randint(0, vocab, (1, k + 1), generator=generator).to(device) for k in range(max_drafts + 1)]
+    samples: list[list[float]] = [[] for _ in tokens]
+    for _ in range(repeats + 1):  # the first pass is a warm-up
+        for k, new in enumerate(tokens):
             sync()
             start = time.perf_counter()
-            target(tokens, **{CACHE_ARGUMENT: past}, use_cache=True)
+            target(new, **{CACHE_ARGUMENT: past}, use_cache=True)
             sync()
-            samples.append(time.perf_counter() - start)
+            samples[k].append(time.perf_counter() - start)
             past.crop(-(k + 1))  # negative: the releases of the supported range all take it
-        times.append(sorted(samples[1:])[len(samples[1:]) // 2])
+    times = [sorted(s[1:])[len(s[1:]) // 2] for s in samples]
     cost = VerificationCost([t / times[0] for t in times])
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)

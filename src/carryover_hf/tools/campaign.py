@@ -5,6 +5,7 @@ outside the work tree (default `../runs/campaign`), which the next session on th
 
     carryover-hf campaign start  [--dir DIR] [--config FILE.json]   # start or resume, in the background
     carryover-hf campaign start  --config FILE.json --from EXPORT   # go on from a committed milestone elsewhere
+    carryover-hf campaign start  ... --build_threads 2               # build the feature stores on 2 threads, train on 1
     carryover-hf campaign status [--dir DIR]                        # running or not, the last curve points
     carryover-hf campaign stop   [--dir DIR]                        # checkpoint at the next step, then exit
     carryover-hf campaign report [--dir DIR] --out RESULTS [--weights FOLDER]  # curve JSON + table + plot to commit
@@ -363,8 +364,10 @@ def train_store_names(count: int) -> list[str]:
     return ["features-train"] + [f"features-train-{k}" for k in range(1, count)]
 
 
-def build_stores(campaign: Campaign, config: CampaignConfig, target, progress: bool = True) -> dict[str, list[Path]]:
-    """Builds or extends the held-out store and one training store per dataset; returns their folders.
+def build_stores(campaign: Campaign, config: CampaignConfig, target, progress: bool = True,
+                 threads: int | None = None) -> dict[str, list[Path]]:  # fmt: skip
+    """Builds or extends the held-out store and one training store per dataset; returns their folders. `threads`:
+    torch threads for the target's forwards (default: the campaign's own).
 
     Each dataset has its own training store so that every store only ever grows at its end: a regeneration run that
     gains chunks adds shards to its own store and leaves the stores of the datasets after it as they are."""
@@ -392,7 +395,7 @@ def build_stores(campaign: Campaign, config: CampaignConfig, target, progress: b
             build = FeatureBuildConfig(
                 output=str(folder), target=config.target, target_dtype=config.target_dtype,
                 target_layer_ids=config.target_layer_ids, dtype=config.feature_dtype, top_k=config.top_k,
-                shard_rows=config.feature_shard_rows, batch_size=config.feature_batch_size, num_threads=config.threads,
+                shard_rows=config.feature_shard_rows, batch_size=config.feature_batch_size, num_threads=threads or config.threads,
             )  # fmt: skip
             manifest = build_features(build, target=target, rows=source.select(indices), progress=progress)
             print(f"campaign: {name}: {manifest['num_rows']} rows, {manifest['summary']['tokens']} tokens", flush=True)
@@ -567,10 +570,11 @@ class _Trainers:
 
 
 def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: bool = True,
-        stop_after_steps: int | None = None) -> None:  # fmt: skip
+        stop_after_steps: int | None = None, build_threads: int | None = None) -> None:  # fmt: skip
     """The campaign loop in this process: data, then the trunk in legs from milestone to milestone, until stopped
     (SIGTERM, `carryover-hf campaign stop`) or, for tests and short runs, until the trunk reaches `stop_after_steps`
-    (a checkpoint is saved there)."""
+    (a checkpoint is saved there). `build_threads`: torch threads while the feature stores are built (a machine the
+    campaign moved to rebuilds them all: about 2.2 s a row on one core), the campaign's `threads` for the rest."""
     import torch
 
     import carryover_hf  # noqa: F401  (registers the drafter with AutoModel)
@@ -584,7 +588,8 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
         from ..targets import load_target
 
         target, tokenizer = load_target(config.target, dtype=config.target_dtype)
-    stores = build_stores(campaign, config, target, progress)
+    stores = build_stores(campaign, config, target, progress, threads=build_threads)
+    torch.set_num_threads(config.threads)  # training and everything after it at the campaign's fixed thread count
     trunk = campaign.dir / TRUNK
     seed = campaign.seed()
     validation = FeatureStore(stores[VALIDATION]) if VALIDATION in stores else None
@@ -1151,7 +1156,8 @@ def _plot(data: dict, path: Path) -> None:
 
 
 # -- command line -----------------------------------------------------------------------------------------------------
-def _start(campaign: Campaign, config: CampaignConfig | None, foreground: bool, seed_from: str | None = None) -> int:
+def _start(campaign: Campaign, config: CampaignConfig | None, foreground: bool, seed_from: str | None = None,
+           build_threads: int | None = None) -> int:  # fmt: skip
     pid = campaign.running_pid()
     if pid is not None:
         raise UsageError(f"the campaign in {campaign.dir} is already running (pid {pid}); `carryover-hf campaign "
@@ -1165,15 +1171,19 @@ def _start(campaign: Campaign, config: CampaignConfig | None, foreground: bool, 
         campaign.seed_from(Path(seed_from), config)
     if foreground:
         (campaign.dir / PID_FILE).write_text(str(os.getpid()))
-        run(campaign.dir)
+        run(campaign.dir, build_threads=build_threads)
         return 0
-    env = {**os.environ, "OMP_NUM_THREADS": str(config.threads), "MKL_NUM_THREADS": str(config.threads),
-           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    pool = str(max(config.threads, build_threads or 0))  # `run` sets the torch threads of each phase itself
+    env = {**os.environ, "OMP_NUM_THREADS": pool, "MKL_NUM_THREADS": pool, "TOKENIZERS_PARALLELISM": "false"}
     log = open(campaign.dir / LOG_FILE, "a")
-    process = subprocess.Popen([sys.executable, "-m", "carryover_hf", "campaign", "run", "--dir", str(campaign.dir)],
+    command = [sys.executable, "-m", "carryover_hf", "campaign", "run", "--dir", str(campaign.dir)]
+    if build_threads:
+        command += ["--build_threads", str(build_threads)]
+    process = subprocess.Popen(command,
                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
     (campaign.dir / PID_FILE).write_text(str(process.pid))
-    print(f"campaign {config.name}: running in the background (pid {process.pid}, {config.threads} thread(s)); "
+    building = f", {build_threads} while it builds feature stores" if build_threads else ""
+    print(f"campaign {config.name}: running in the background (pid {process.pid}, {config.threads} thread(s){building}); "
           f"log {campaign.dir / LOG_FILE}")  # fmt: skip
     return 0
 
@@ -1227,10 +1237,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from", dest="seed_from",
                         help="start: a new campaign's trunk starts from this exported milestone (`report --weights`), "
                         "e.g. on a machine without the campaign folder; its core-hours and milestones carry over")
+    parser.add_argument("--build_threads", type=int,
+                        help="start, run: torch threads while the feature stores are built or extended (e.g. 2 on a "
+                        "machine the campaign moved to, while nothing else runs); training keeps the campaign's threads")
     parser.add_argument("--out", help="report: folder for curve.json, curve.md, curve.png")
     parser.add_argument("--weights", help="report: also copy the newest milestone's drafter (config + safetensors) here")
     parser.add_argument("--wait", type=float, default=120.0, help="stop: seconds to wait for the checkpoint")
     args = parser.parse_args(argv)
+    if args.build_threads is not None and args.build_threads < 1:
+        raise UsageError(f"--build_threads must be at least 1, got {args.build_threads}.")
     campaign = Campaign(args.dir)
     if args.action == "start":
         config = None
@@ -1238,9 +1253,9 @@ def main(argv: list[str] | None = None) -> int:
             if not Path(args.config).is_file():
                 raise UsageError(f"--config {args.config!r} is not a file.")
             config = CampaignConfig.from_dict(json.loads(Path(args.config).read_text()))
-        return _start(campaign, config, args.foreground, args.seed_from)
+        return _start(campaign, config, args.foreground, args.seed_from, args.build_threads)
     if args.action == "run":
-        run(campaign.dir)
+        run(campaign.dir, build_threads=args.build_threads)
         return 0
     if args.action == "status":
         return _status(campaign)
