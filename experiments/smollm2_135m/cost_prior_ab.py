@@ -7,7 +7,10 @@ rounds and never below 8 % of their weight), against the target alone, prompts i
         --num_prompts 10 --output_dir ../runs/cost-prior-ab
 
 The rest of the method is the bench's `policy_alone` (cost policy, drafter only, carry off, measured costs at T = 0).
-The candidate lost (0.975x [0.951, 1.003], benchmarks/results/smollm2-135m-cost-prior-ab/) and did not land."""
+The candidate lost (0.975x [0.951, 1.003], benchmarks/results/smollm2-135m-cost-prior-ab/) and did not land.
+
+With `--explore_every N`, `new` is instead the package's estimator with the policy offering one draft more or fewer
+than chosen every N-th drafter round (`_exploring`). With N = 8 it tied: 1.008x [0.965, 1.049]; not landed."""
 import argparse
 
 import carryover_hf  # noqa: F401
@@ -47,11 +50,35 @@ class KeptPriorMeasuredCost(MeasuredCost):
         self.coefficients = _solve(gram, [a + strength * unit * b for a, b in zip(self.moment, self.base_moment)])
 
 
-def _with_candidate_cost(original):
+def _exploring(policy, every: int):
+    """This policy's every `every`-th drafter round (probes aside) offers one draft more or one fewer than it chose,
+    in turn, never under 1 or over what the round allows: a fixed schedule, so it reads no unverified token."""
+    plan, rounds = policy.plan, [0]
+
+    def explore(input_ids, first_draft_accepted, accepted_drafts=None):
+        chosen = plan(input_ids, first_draft_accepted, accepted_drafts)
+        if chosen.kind != "draft" or policy.probing:
+            return chosen
+        rounds[0] += 1
+        if rounds[0] % every:
+            return chosen
+        room = min(policy.block_size - 1, policy.max_length - input_ids.shape[1] - 1)
+        drafts = min(max(chosen.num_drafts + (1 if (rounds[0] // every) % 2 else -1), 1), room)
+        policy.last = ("draft", drafts)
+        return type(chosen)("draft", num_drafts=drafts)
+
+    policy.plan = explore
+
+
+def _with_candidate_cost(original, explore_every: int = 0):
+    """`new`'s calls get the kept prior, or with `explore_every` the package's estimator with exploration."""
+
     def cost_aware_policy(target, drafter, input_ids, generation_config):
         policy = original(target, drafter, input_ids, generation_config)
         cost = policy.cost
-        if getattr(drafter, "_ab_arm", None) == "new" and type(cost) is MeasuredCost and cost.rounds == 0:
+        if getattr(drafter, "_ab_arm", None) == "new" and explore_every:
+            _exploring(policy, explore_every)
+        elif getattr(drafter, "_ab_arm", None) == "new" and type(cost) is MeasuredCost and cost.rounds == 0:
             candidate = KeptPriorMeasuredCost(cost.prior, cost.anchors, prior_rounds=cost.prior_rounds)
             policy.cost = candidate
             learnt = drafter.__dict__[ROUND_POLICY_STATE_ATTRIBUTE]
@@ -69,8 +96,10 @@ def main():
     parser.add_argument("--drafter", required=True)
     parser.add_argument("--num_prompts", type=int, default=10)
     parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--explore_every", type=int, default=0,
+                        help="new = the package's estimator with exploration every N drafter rounds, not the kept prior")
     args = parser.parse_args()
-    generation.cost_aware_policy = _with_candidate_cost(generation.cost_aware_policy)
+    generation.cost_aware_policy = _with_candidate_cost(generation.cost_aware_policy, args.explore_every)
     from carryover_hf.tools.bench import cli
 
     load = cli._load_drafter
