@@ -588,8 +588,7 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
         from ..targets import load_target
 
         target, tokenizer = load_target(config.target, dtype=config.target_dtype)
-    stores = build_stores(campaign, config, target, progress, threads=build_threads)
-    torch.set_num_threads(config.threads)  # training and everything after it at the campaign's fixed thread count
+    stores = build_stores(campaign, config, target, progress, threads=build_threads)  # then config.threads again
     trunk = campaign.dir / TRUNK
     seed = campaign.seed()
     validation = FeatureStore(stores[VALIDATION]) if VALIDATION in stores else None

@@ -216,16 +216,25 @@ def _encode_rows(target, rows: list[dict], layer_ids: list[int], dtype: torch.dt
 
 
 def build_features(config: FeatureBuildConfig, target=None, rows=None, progress: bool = True) -> dict:
-    """Build (or resume) a feature store; returns its manifest. `target` and `rows` may be passed in directly."""
-    from safetensors.torch import save_file
-    from tqdm.auto import tqdm
-
+    """Build (or resume) a feature store; returns its manifest. `target` and `rows` may be passed in directly. With
+    `num_threads`, torch runs that many threads while it builds, and the caller's number again after."""
     if config.shard_rows < 1 or config.batch_size < 1:
         raise FeatureStoreError("--shard_rows and --batch_size must be at least 1.")
     if config.top_k < 0:
         raise FeatureStoreError(f"--top_k must be 0 (none) or positive, got {config.top_k}.")
+    previous = torch.get_num_threads()
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
+    try:
+        return _build_features(config, target, rows, progress)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _build_features(config: FeatureBuildConfig, target, rows, progress: bool) -> dict:
+    from safetensors.torch import save_file
+    from tqdm.auto import tqdm
+
     if rows is None:
         rows = load_rows(config.dataset, "dataset")
     if config.max_rows is not None:
