@@ -5,6 +5,7 @@ log entries carry training core-hours that keep growing across the stop, milesto
 compute and benchmarked, and the report writes the curve. Bad settings fail before any model work.
 """
 
+import copy
 import json
 from pathlib import Path
 
@@ -259,6 +260,76 @@ def test_feature_stores_may_be_built_with_more_threads_than_the_campaign_trains_
         campaign_module.main(["start", "--dir", str(tmp_path / "c"), "--build_threads", "0"])
 
 
+def test_the_trunk_trains_beside_an_unfinished_build_in_legs_and_the_rows_it_reads_grow(target, dataset, tmp_path,
+                                                                                       monkeypatch):  # fmt: skip
+    # A machine without the stores: each leg builds one more shard of the training store, then trains for its share
+    # of CPU time (the ticking clock makes that one step a leg), on the rows built so far.
+    tick_clock(monkeypatch)
+    read, call = [], campaign_module._Trainers.__call__
+
+    def recording(self, args, callbacks, weights=None):
+        if weights is None:  # the trunk's legs (a decay branch passes the weights it starts from)
+            read.append((len(self.train_rows), args.ignore_data_skip))
+        return call(self, args, callbacks, weights)
+
+    monkeypatch.setattr(campaign_module._Trainers, "__call__", recording)
+    campaign = start(tmp_path / "c", config_for(dataset, build_share=0.5, build_slice_shards=1))
+    run(campaign.dir, target=target, progress=False, stop_after_steps=6)
+    # 9 training rows in shards of 4: 4, then 8, then all 9, after which the trunk trains on to its stop as before.
+    assert read == [(4, True), (8, True), (9, False)]
+    assert json.loads((campaign.dir / "features-train" / "features.json").read_text())["complete"]
+    history = campaign.log_history()
+    assert history[-1]["step"] == 6 and [e["step"] for e in history if "loss" in e] == [1, 2, 3, 4, 5, 6]
+    # The new drafter's draft vocabulary counted every training row, not only the first slice's.
+    vocabulary = json.loads((campaign.dir / "trunk" / "draft_vocabulary.json").read_text())
+    whole = start(tmp_path / "whole", config_for(dataset))
+    run(whole.dir, target=target, progress=False, stop_after_steps=1)
+    expected = json.loads((whole.dir / "trunk" / "draft_vocabulary.json").read_text())
+    assert vocabulary["training_response_tokens"] == expected["training_response_tokens"]
+
+
+def test_a_moved_campaign_builds_first_the_rows_the_last_machine_did_not_reach(target, dataset, tmp_path, monkeypatch):
+    from carryover_hf.training.feature_store import shard_fingerprints
+
+    tick_clock(monkeypatch)
+    config = config_for(dataset, build_share=0.5, build_slice_shards=1, save_steps=1)
+    first = start(tmp_path / "first", config)
+    run(first.dir, target=target, progress=False, stop_after_steps=1)  # one leg: the first shard of 4 rows, one step
+    assert json.loads((first.dir / "features-train" / "features.json").read_text())["num_rows"] == 4
+    export = tmp_path / "export"
+    write_report(first, tmp_path / "report", export, trunk=True)
+    assert json.loads((export / "campaign_state.json").read_text())["next_build_start"] == {"features-train": 4}
+
+    moved = start(tmp_path / "moved", config)
+    moved.seed_from(export, config)
+    run(moved.dir, target=target, progress=False, stop_after_steps=2)
+    assert moved.build_order() == {"features-train": {"start": 4, "rows": 9}}
+    # Its store begins with the 5 rows the first machine did not build, then comes round to the first 4.
+    _, rows, indices = campaign_module.store_rows(config)["train"][0]
+    stored = [s["data_fingerprint"] for s in json.loads((moved.dir / "features-train" / "features.json").read_text())["shards"]]
+    rotated = indices[4:] + indices[:4]
+    assert stored == shard_fingerprints(rows.select(rotated[: 4 * len(stored)]), 4)[: len(stored)]
+    assert stored[0] != json.loads((first.dir / "features-train" / "features.json").read_text())["shards"][0]["data_fingerprint"]
+    # Where the moved store stands now is where a further move would start.
+    built = json.loads((moved.dir / "features-train" / "features.json").read_text())["num_rows"]
+    assert campaign_module.next_build_starts(moved, config) == {"features-train": (4 + built) % 9 if built < 9 else 4}
+
+
+def test_a_bfloat16_built_store_trains_drafters_for_the_float32_target(target, dataset, tmp_path, monkeypatch):
+    # "auto" on a CPU that computes bfloat16 natively: the target builds in bfloat16, the trunk trains with float32.
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    campaign = start(tmp_path / "c", config_for(dataset, feature_target_dtype="auto"))
+    run(campaign.dir, target=target, progress=False, stop_after_steps=2)
+    settings = json.loads((campaign.dir / "features-train" / "features.json").read_text())["settings"]
+    assert settings["target_dtype"] == "bfloat16" and next(target.parameters()).dtype == torch.float32
+    store = FeatureStore(campaign.dir / "features-train")
+    assert store.built_by(target) and store.built_by(copy.deepcopy(target).to(torch.bfloat16))
+    other = tiny_target("llama", seed=1)
+    with pytest.raises(campaign_module.UsageError, match="another target"):
+        store.check_compatible(target=other)
+    assert campaign.log_history()[-1]["step"] == 2
+
+
 def test_a_resume_with_other_settings_or_bad_settings_is_refused(dataset, tmp_path):
     campaign = start(tmp_path / "c", config_for(dataset))
     with pytest.raises(UsageError, match="other settings .*block_size"):
@@ -346,6 +417,37 @@ def test_a_campaign_goes_on_elsewhere_from_an_exported_milestone(target, dataset
     assert not (tmp_path / "other").exists()
     with pytest.raises(UsageError, match="already has a trunk"):
         campaign_module._start(moved, None, False, str(export))
+
+
+def test_a_campaign_goes_on_elsewhere_from_its_exported_trunk_between_milestones(target, dataset, tmp_path,
+                                                                                 monkeypatch):  # fmt: skip
+    tick_clock(monkeypatch)
+    config = config_for(dataset, save_steps=2)
+    first = start(tmp_path / "first", config)
+    run(first.dir, target=target, progress=False, stop_after_steps=4)
+    assert not first.milestones()
+    export = tmp_path / "export"
+    campaign_module.main(["report", "--dir", str(first.dir), "--out", str(tmp_path / "report"), "--weights",
+                          str(export), "--trunk"])  # fmt: skip
+    state = json.loads((export / "campaign_state.json").read_text())
+    trunk_hours = json.loads((first.dir / "trunk" / "checkpoint-4" / "campaign_state.json").read_text())["core_seconds"] / 3600
+    assert (state["source"], state["trunk_step"], state["milestones"]) == ("trunk", 4, [])
+    assert state["core_hours"] == pytest.approx(trunk_hours, abs=1e-5)
+    exported, trunk = load_file(str(export / "model.safetensors")), weights(first, 4)
+    for name, tensor in trunk.items():
+        if tensor.is_floating_point():
+            assert exported[name].dtype == torch.bfloat16
+            torch.testing.assert_close(exported[name], tensor.to(torch.bfloat16), rtol=0, atol=0)
+
+    moved = start(tmp_path / "moved", config)
+    moved.seed_from(export, config)
+    assert moved.seed()["source"] == "trunk" and moved.seed()["trunk_step"] == 4
+    run(moved.dir, target=target, progress=False, stop_after_steps=1)
+    assert min(e["core_hours"] for e in moved.log_history()) >= state["core_hours"]
+    with pytest.raises(UsageError, match="--trunk needs --weights"):
+        campaign_module.main(["report", "--dir", str(first.dir), "--out", str(tmp_path / "r2"), "--trunk"])
+    with pytest.raises(UsageError, match="no trunk checkpoint"):
+        write_report(start(tmp_path / "empty", config), tmp_path / "r3", tmp_path / "w3", trunk=True)
 
 
 def test_carryover_is_compared_with_its_step_matched_continued_baseline_at_each_milestone(target, dataset, prompts,

@@ -78,7 +78,8 @@ BRANCH_RECORD = "branch.json"
 CARRY_CHANGES = ("carry_steps", "carry_learning_rate", "carry_num_anchors", "carry_plain_weight")
 LOSS_CHANGES = ("distillation", "distillation_weight")
 VALIDATION_CHANGES = ("validation_dataset", "validation_steps")
-RESUMABLE_CHANGES = CARRY_CHANGES + LOSS_CHANGES + VALIDATION_CHANGES
+BUILD_CHANGES = ("build_share", "build_slice_shards")  # only when the stores' shards are built, not what they hold
+RESUMABLE_CHANGES = CARRY_CHANGES + LOSS_CHANGES + VALIDATION_CHANGES + BUILD_CHANGES
 VALIDATION = "validation"  # the validation set's store folder suffix, metric prefix (`eval_validation_*`) and keys
 
 
@@ -98,6 +99,15 @@ class CampaignConfig:
     top_k: int = 32
     feature_shard_rows: int = 16
     feature_batch_size: int = 2
+    # The dtype the target runs in while it builds the stores (None: target_dtype). "auto": bfloat16 on a CPU that
+    # computes it natively (AVX-512 BF16 or AMX: 2.6x faster there, features within ~1 % of float32's), else
+    # target_dtype. Training and milestones always use the target in target_dtype.
+    feature_target_dtype: str | None = None
+    # While the training stores are incomplete (a new campaign, or one moved to a machine without its stores), the
+    # trunk trains on the rows built so far: each leg builds `build_slice_shards` more shards of every training store,
+    # then trains for as much CPU time as build_share : (1 - build_share) gives it. 1.0: build everything first.
+    build_share: float = 1.0
+    build_slice_shards: int = 8
     # The drafter.
     drafter_type: str = "markov"
     drafter_layers: int = 1
@@ -168,6 +178,12 @@ class CampaignConfig:
                              "carry_plain_weight >= 0.")  # fmt: skip
         if self.validation_steps < 1:
             raise UsageError(f"validation_steps must be at least 1, got {self.validation_steps}.")
+        if self.feature_target_dtype not in (None, "auto", "float32", "bfloat16", "float16"):
+            raise UsageError("feature_target_dtype must be null, 'auto', 'float32', 'bfloat16' or 'float16', got "
+                             f"{self.feature_target_dtype!r}.")  # fmt: skip
+        if not 0 < self.build_share <= 1 or self.build_slice_shards < 1:
+            raise UsageError(f"build_share must lie in (0, 1] and build_slice_shards be at least 1, got "
+                             f"{self.build_share} and {self.build_slice_shards}.")  # fmt: skip
         if self.carry_steps and not self.milestone_prompts_per_category:
             raise UsageError("carry_steps needs milestone_prompts_per_category >= 1: the comparison is benchmarked.")
 
@@ -262,10 +278,25 @@ class Campaign:
         state = read_export(export, config)
         record = json.loads(self.config_path.read_text())
         record["seed"] = {"from": str(export.resolve()), "core_hours": state["core_hours"],
-                          "milestones": len(state["milestones"]), "trunk_step": state["milestones"][-1]["step"]}  # fmt: skip
+                          "milestones": len(state["milestones"]), "source": state.get("source", "milestone"),
+                          "trunk_step": state["trunk_step"] if "trunk_step" in state else state["milestones"][-1]["step"]}  # fmt: skip
+        if state.get("next_build_start"):
+            record["build_order"] = {name: {"start": start} for name, start in state["next_build_start"].items()}
         self.config_path.write_text(json.dumps(record, indent=2) + "\n")
         for milestone in state["milestones"]:
             self.add_milestone({**milestone, "inherited_from": str(export.resolve())})
+
+    def build_order(self) -> dict[str, dict[str, int]]:
+        """Where each training store's build starts in its dataset (`{store: {"start": s, "rows": n}}`: rows s..n-1,
+        then 0..s-1, then any rows the dataset gained): a moved campaign builds first the rows the last machine did not
+        reach (`next_build_starts`), so that a build cut short by the end of a session does not favour the same rows
+        on every machine. Empty: every store from its first row."""
+        return json.loads(self.config_path.read_text()).get("build_order", {}) if self.exists() else {}
+
+    def set_build_order(self, order: dict[str, dict[str, int]]) -> None:
+        record = json.loads(self.config_path.read_text())
+        record["build_order"] = order
+        self.config_path.write_text(json.dumps(record, indent=2) + "\n")
 
     def running_pid(self) -> int | None:
         """The pid of the process running this campaign, if it is alive."""
@@ -364,17 +395,12 @@ def train_store_names(count: int) -> list[str]:
     return ["features-train"] + [f"features-train-{k}" for k in range(1, count)]
 
 
-def build_stores(campaign: Campaign, config: CampaignConfig, target, progress: bool = True,
-                 threads: int | None = None) -> dict[str, list[Path]]:  # fmt: skip
-    """Builds or extends the held-out store and one training store per dataset; returns their folders. `threads`:
-    torch threads for the target's forwards (default: the campaign's own).
-
-    Each dataset has its own training store so that every store only ever grows at its end: a regeneration run that
-    gains chunks adds shards to its own store and leaves the stores of the datasets after it as they are."""
+def store_rows(config: CampaignConfig, order: dict[str, dict[str, int]] | None = None) -> dict[str, list[tuple[str, Any, list[int]]]]:
+    """What each store holds: per kind ("eval", "train", "validation"), its stores' (folder name, rows, indices), the
+    training stores' indices in their `build_order` (`Campaign.build_order`, with its "rows" set)."""
     from datasets import concatenate_datasets
 
     from ..training.data import load_rows
-    from ..training.feature_store import FeatureBuildConfig, build_features
 
     sources = [load_rows(path, "datasets") for path in config.datasets]
     rows = sources[0] if len(sources) == 1 else concatenate_datasets(sources)
@@ -385,22 +411,91 @@ def build_stores(campaign: Campaign, config: CampaignConfig, target, progress: b
     parts = {"eval": [("features-eval", rows, held_out)]}
     parts["train"] = [(name, rows, [i for i in kept if bounds[k] <= i < bounds[k + 1]])
                       for k, name in enumerate(train_store_names(len(sources)))]  # fmt: skip
+    for k, (name, _, indices) in enumerate(parts["train"]):
+        if name in (order or {}):
+            start, length = order[name]["start"], order[name]["rows"]
+            parts["train"][k] = (name, rows, indices[start:length] + indices[:start] + indices[length:])
     if config.validation_dataset:
         validation = load_rows(config.validation_dataset, "validation_dataset")
         parts[VALIDATION] = [(f"features-{VALIDATION}", validation, list(range(len(validation))))]
+    return parts
+
+
+def settled_build_order(campaign: Campaign, config: CampaignConfig) -> dict[str, dict[str, int]]:
+    """The campaign's build order with each store's "rows" fixed at the first build after a move (so rows a
+    regeneration run adds later go to the end of the store, which then only grows at its end)."""
+    order = campaign.build_order()
+    if any("rows" not in entry for entry in order.values()):
+        lengths = {name: len(indices) for name, _, indices in store_rows(config)["train"]}
+        order = {name: {"start": entry["start"] % max(1, lengths[name]), "rows": lengths[name]} if "rows" not in entry
+                 else entry for name, entry in order.items() if name in lengths}  # fmt: skip
+        campaign.set_build_order(order)
+    return order
+
+
+def next_build_starts(campaign: Campaign, config: CampaignConfig) -> dict[str, int]:
+    """Per training store, the dataset position of the first row its build has not reached (its start again once
+    complete): where a campaign moved elsewhere begins its build (`--from`)."""
+    order, starts = campaign.build_order(), {}
+    for name, _, indices in store_rows(config)["train"]:
+        manifest = campaign.dir / name / "features.json"
+        built = json.loads(manifest.read_text())["num_rows"] if manifest.is_file() else 0
+        start, length = (order[name]["start"], order[name]["rows"]) if name in order else (0, len(indices))
+        starts[name] = (start + built) % length if 0 < built < length else start
+    return starts
+
+
+def build_stores(campaign: Campaign, config: CampaignConfig, target, progress: bool = True,
+                 threads: int | None = None, train_shards: int | None = None) -> dict[str, list[Path]]:  # fmt: skip
+    """Builds or extends the held-out store and one training store per dataset; returns their folders. `threads`:
+    torch threads for the target's forwards (default: the campaign's own). `train_shards`: add at most that many
+    shards to each training store (a slice of a build the trunk trains beside; `stores_complete` tells when it is
+    done); the held-out and validation stores are always built whole.
+
+    Each dataset has its own training store so that every store only ever grows at its end: a regeneration run that
+    gains chunks adds shards to its own store and leaves the stores of the datasets after it as they are."""
+    from ..training.feature_store import FeatureBuildConfig, build_features
+
     stores: dict[str, list[Path]] = {}
-    for kind, folders in parts.items():
+    for kind, folders in store_rows(config, settled_build_order(campaign, config)).items():
         for name, source, indices in folders:
             folder = campaign.dir / name
             build = FeatureBuildConfig(
-                output=str(folder), target=config.target, target_dtype=config.target_dtype,
+                output=str(folder), target=config.target,
                 target_layer_ids=config.target_layer_ids, dtype=config.feature_dtype, top_k=config.top_k,
                 shard_rows=config.feature_shard_rows, batch_size=config.feature_batch_size, num_threads=threads or config.threads,
+                target_dtype=str(next(target.parameters()).dtype).removeprefix("torch."),
+                max_shards=train_shards if kind == "train" else None,
             )  # fmt: skip
             manifest = build_features(build, target=target, rows=source.select(indices), progress=progress)
-            print(f"campaign: {name}: {manifest['num_rows']} rows, {manifest['summary']['tokens']} tokens", flush=True)
+            status = "" if manifest["complete"] else f" of {len(indices)} (building)"
+            print(f"campaign: {name}: {manifest['num_rows']} rows{status}, {manifest['summary']['tokens']} tokens",
+                  flush=True)  # fmt: skip
             stores.setdefault(kind, []).append(folder)
     return stores
+
+
+def stores_complete(folders: list[Path]) -> bool:
+    """Whether every one of these stores holds all of its dataset's rows."""
+    return all(json.loads((folder / "features.json").read_text()).get("complete") for folder in folders)
+
+
+def feature_target(config: CampaignConfig, target):
+    """The target that builds the feature stores: `target` itself, or a copy in `feature_target_dtype` ("auto":
+    bfloat16 where this CPU computes it natively)."""
+    import copy
+
+    import torch
+
+    from ..utils import cpu_computes_bfloat16
+
+    wanted = config.feature_target_dtype
+    if wanted == "auto":
+        wanted = "bfloat16" if cpu_computes_bfloat16() else None
+    dtype = getattr(torch, wanted) if wanted else None
+    if dtype is None or dtype == next(target.parameters()).dtype:
+        return target
+    return copy.deepcopy(target).to(dtype)
 
 
 # -- step 2: training -------------------------------------------------------------------------------------------------
@@ -470,19 +565,25 @@ class StopRequest:
         self.requested = True
 
 
-def _trunk_callback(clock: CoreHours, milestone_at: float, stop: StopRequest, stop_after_steps: int | None):
+def _trunk_callback(clock: CoreHours, milestone_at: float, stop: StopRequest, stop_after_steps: int | None,
+                    leg_until: float | None = None):  # fmt: skip
     from transformers import TrainerCallback
 
     class TrunkCallback(TrainerCallback):
         """Core-hours on every log entry and checkpoint; a checkpoint and the end of this leg when the next milestone
-        is due, when a stop is requested, or at `stop_after_steps`."""
+        is due, when a stop is requested, at `stop_after_steps`, or once the clock reaches `leg_until` core-hours (the
+        leg's share beside a slice of the stores' build)."""
 
         milestone_due = False
+        leg_over = False
 
         def on_step_end(self, args, state, control, **kwargs):
             if clock.hours() >= milestone_at:
                 self.milestone_due = True
-            if self.milestone_due or stop.requested or (stop_after_steps and state.global_step >= stop_after_steps):
+            if leg_until is not None and clock.hours() >= leg_until:
+                self.leg_over = True
+            if (self.milestone_due or self.leg_over or stop.requested
+                    or (stop_after_steps and state.global_step >= stop_after_steps)):  # fmt: skip
                 control.should_save = True
                 control.should_training_stop = True
 
@@ -532,12 +633,13 @@ class _Trainers:
     resumed run then loads the checkpoint's weights over the new drafter)."""
 
     def __init__(self, config: CampaignConfig, target, tokenizer, train_rows, eval_rows, vocabulary_dir: Path,
-                 seed_folder: str | None = None, validation_rows=None):  # fmt: skip
+                 seed_folder: str | None = None, validation_rows=None, vocabulary_rows=None):  # fmt: skip
         from ..training import cli as train_cli
 
         self.config, self.target, self.tokenizer, self.seed_folder = config, target, tokenizer, seed_folder
         self.train_rows, self.eval_rows, self.vocabulary_dir = train_rows, eval_rows, vocabulary_dir
         self.validation_rows = validation_rows
+        self.vocabulary_rows = vocabulary_rows  # a new drafter's draft vocabulary: these rows (default: train_rows)
         self.model_args = train_cli.ModelArguments(
             target=config.target, drafter_type=config.drafter_type, drafter_layers=config.drafter_layers,
             block_size=config.block_size, target_layer_ids=config.target_layer_ids,
@@ -553,7 +655,8 @@ class _Trainers:
 
         def vocabulary(drafter):
             if self.config.draft_vocab_size:
-                train_cli._draft_vocabulary(self.model_args, drafter, self.train_rows, self.eval_rows, str(self.vocabulary_dir))
+                rows = self.train_rows if self.vocabulary_rows is None else self.vocabulary_rows
+                train_cli._draft_vocabulary(self.model_args, drafter, rows, self.eval_rows, str(self.vocabulary_dir))
 
         set_seed(self.config.seed)
         start = weights if weights is not None else self.seed_folder  # else: the exported milestone of a moved campaign
@@ -574,7 +677,8 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
     """The campaign loop in this process: data, then the trunk in legs from milestone to milestone, until stopped
     (SIGTERM, `carryover-hf campaign stop`) or, for tests and short runs, until the trunk reaches `stop_after_steps`
     (a checkpoint is saved there). `build_threads`: torch threads while the feature stores are built (a machine the
-    campaign moved to rebuilds them all: about 2.2 s a row on one core), the campaign's `threads` for the rest."""
+    campaign moved to rebuilds them all), the campaign's `threads` for the rest. With `build_share` < 1 the trunk
+    trains beside an incomplete build: legs that alternate a slice of the build with a share of training."""
     import torch
 
     import carryover_hf  # noqa: F401  (registers the drafter with AutoModel)
@@ -588,12 +692,29 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
         from ..targets import load_target
 
         target, tokenizer = load_target(config.target, dtype=config.target_dtype)
-    stores = build_stores(campaign, config, target, progress, threads=build_threads)  # then config.threads again
+    builder = feature_target(config, target)
+    slice_shards = config.build_slice_shards if config.build_share < 1 else None
+
+    def build() -> tuple[dict[str, list[Path]], float]:
+        """One slice of the build (the whole of it with build_share 1); its stores, and its CPU seconds."""
+        started = time.process_time()
+        stores = build_stores(campaign, config, builder, progress, threads=build_threads, train_shards=slice_shards)
+        return stores, time.process_time() - started  # the threads are the campaign's again
+
+    if slice_shards:  # the held-out and validation stores first, whole, so that the first leg's share is the slice's
+        build_stores(campaign, config, builder, progress, threads=build_threads, train_shards=0)
+    stores, build_seconds = build()
+    growing = not stores_complete(stores["train"])
     trunk = campaign.dir / TRUNK
     seed = campaign.seed()
     validation = FeatureStore(stores[VALIDATION]) if VALIDATION in stores else None
-    trainers = _Trainers(config, target, tokenizer, FeatureStore(stores["train"]), FeatureStore(stores["eval"]), trunk,
-                         seed["from"] if seed else None, validation)  # fmt: skip
+    vocabulary_rows = None
+    if growing:  # a new drafter's draft vocabulary counts every training row, not only those built so far
+        parts = store_rows(config, campaign.build_order())["train"]  # every part selects from the same rows
+        vocabulary_rows = parts[0][1].select([i for _, _, indices in parts for i in indices])
+    trainers = _Trainers(config, target, tokenizer, FeatureStore(stores["train"], allow_incomplete=growing),
+                         FeatureStore(stores["eval"]), trunk, seed["from"] if seed else None, validation,
+                         vocabulary_rows)  # fmt: skip
     stop = StopRequest()
     previous = signal.signal(signal.SIGTERM, stop)  # stop: checkpoint after the current step
     try:
@@ -605,16 +726,22 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
             last = campaign.last_checkpoint()
             clock = CoreHours(_core_seconds_at(last) if last or not seed else 3600.0 * seed["core_hours"])
             index = len(campaign.milestones())
-            callback = _trunk_callback(clock, milestone_core_hours(config, index), stop, stop_after_steps)
+            leg_until = None
+            if growing:  # this leg's share of CPU time beside the slice just built
+                leg_until = clock.hours() + build_seconds * (1 - config.build_share) / config.build_share / 3600.0
+            callback = _trunk_callback(clock, milestone_core_hours(config, index), stop, stop_after_steps, leg_until)
             callbacks = [callback]
             if validation is not None:
                 callbacks.append(_validation_callback(trainers, clock))
-            trainer = trainers(training_arguments(config, trunk), callbacks)
+            # A growing store changes the epoch's length from leg to leg: each leg starts a new pass over the rows
+            # built so far (its sampler draws from the checkpoint's RNG) instead of skipping into the last one.
+            trainer = trainers(training_arguments(config, trunk, ignore_data_skip=growing), callbacks)
             for extra in callbacks[1:]:
                 extra.trainer = trainer
+            rows = f", {len(trainers.train_rows)} rows built so far" if growing else ""
             print(f"campaign {config.name}: {'resuming ' + Path(last).name if last else 'starting'} at "
                   f"{clock.hours():.3f} training core-hours, milestone {index} at "
-                  f"{milestone_core_hours(config, index):g}", flush=True)  # fmt: skip
+                  f"{milestone_core_hours(config, index):g}{rows}", flush=True)  # fmt: skip
             trainer.train(resume_from_checkpoint=last)
             step = trainer.state.global_step
             print(f"campaign {config.name}: trunk at step {step}, {clock.hours():.3f} core-hours", flush=True)
@@ -623,7 +750,18 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
                                           progress)  # fmt: skip
                 if config.carry_steps and not stop.requested:
                     compare_carryover(campaign, config, trainers, record, stop, progress)
-            if stop.requested or not callback.milestone_due:
+            if stop.requested or (stop_after_steps and step >= stop_after_steps):
+                break
+            if callback.leg_over and growing:
+                signal.signal(signal.SIGTERM, previous)  # a stop during a slice ends the run: its shards are atomic
+                stores, build_seconds = build()
+                signal.signal(signal.SIGTERM, stop)
+                growing = not stores_complete(stores["train"])
+                trainers.train_rows = FeatureStore(stores["train"], allow_incomplete=growing)
+                print(f"campaign {config.name}: built a slice in {build_seconds / 60:.1f} CPU minutes; "
+                      f"{len(trainers.train_rows)} training rows{' so far' if growing else ', all of them'}", flush=True)  # fmt: skip
+                continue
+            if not callback.milestone_due:
                 break
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -997,9 +1135,10 @@ def _extrapolation_line(record: dict) -> str:
     return f"| {record['label']} | {record['target']:g} | {_number(record['latest'])} | {gain} | {where} |"
 
 
-def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> dict:
+def write_report(campaign: Campaign, out: Path, weights: Path | None = None, trunk: bool = False) -> dict:
     """curve.json, curve.md and curve.png in `out`; with `weights`, the newest milestone's drafter folder there (its
-    weights in bfloat16) and the campaign state `start --from` reads."""
+    weights in bfloat16) and the campaign state `start --from` reads; with `trunk`, the trunk's last checkpoint
+    instead of the newest milestone (what a campaign that moves machines between milestones goes on from)."""
     import shutil
 
     from ..training.arguments import DECODING_MAX_TOKENS
@@ -1054,19 +1193,28 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None) -> 
         for name in ("carry.json", "bench/results.md"):
             if (source / name).is_file():
                 shutil.copy2(source / name, kept / Path(name).name)
-    if weights is not None and data["milestones"]:
-        newest = data["milestones"][-1]
-        source = Path(newest["folder"])
+    if weights is not None and (data["milestones"] or trunk):
+        state = {"name": data["config"]["name"], "milestones": data["milestones"]}
+        if trunk:
+            source = campaign.last_checkpoint()
+            if source is None:
+                raise UsageError(f"the campaign in {campaign.dir} has no trunk checkpoint to export yet.")
+            source = Path(source)
+            # The trunk's own weights and compute: `start --from` goes on where the trunk is, not from a milestone.
+            state.update(source="trunk", core_hours=round(_core_seconds_at(str(source)) / 3600.0, 5),
+                         trunk_step=campaign.trunk_step())  # fmt: skip
+        else:
+            newest = data["milestones"][-1]
+            source = Path(newest["folder"])
+            state.update(source=f"milestone {newest['index']}",
+                         core_hours=round(newest["core_hours"] + newest.get("decay_core_hours", 0.0), 5))  # fmt: skip
         weights.mkdir(parents=True, exist_ok=True)
         for name in ("config.json", "generation_config.json"):
             if (source / name).is_file():
                 shutil.copy2(source / name, weights / name)
         _save_bfloat16(source / "model.safetensors", weights / "model.safetensors")
-        # What `start --from` needs to go on with this campaign on another machine.
-        _write_json(weights / EXPORT_STATE, {
-            "name": data["config"]["name"], "milestones": data["milestones"],
-            "core_hours": round(newest["core_hours"] + newest.get("decay_core_hours", 0.0), 5),
-        })  # fmt: skip
+        state["next_build_start"] = next_build_starts(campaign, campaign.load_config())
+        _write_json(weights / EXPORT_STATE, state)  # what `start --from` needs to go on with this campaign elsewhere
     return data
 
 
@@ -1241,6 +1389,8 @@ def main(argv: list[str] | None = None) -> int:
                         "machine the campaign moved to, while nothing else runs); training keeps the campaign's threads")
     parser.add_argument("--out", help="report: folder for curve.json, curve.md, curve.png")
     parser.add_argument("--weights", help="report: also copy the newest milestone's drafter (config + safetensors) here")
+    parser.add_argument("--trunk", action="store_true",
+                        help="report --weights: copy the trunk's last checkpoint instead (to go on from it elsewhere)")
     parser.add_argument("--wait", type=float, default=120.0, help="stop: seconds to wait for the checkpoint")
     args = parser.parse_args(argv)
     if args.build_threads is not None and args.build_threads < 1:
@@ -1262,8 +1412,11 @@ def main(argv: list[str] | None = None) -> int:
         return _stop(campaign, args.wait)
     if not args.out:
         raise UsageError("campaign report needs --out FOLDER.")
-    write_report(campaign, Path(args.out), Path(args.weights) if args.weights else None)
-    print(f"wrote {args.out}/curve.json, curve.md, curve.png" + (f" and the newest milestone to {args.weights}" if args.weights else ""))
+    if args.trunk and not args.weights:
+        raise UsageError("--trunk needs --weights FOLDER: it says which weights to copy there.")
+    write_report(campaign, Path(args.out), Path(args.weights) if args.weights else None, trunk=args.trunk)
+    which = "the trunk's last checkpoint" if args.trunk else "the newest milestone"
+    print(f"wrote {args.out}/curve.json, curve.md, curve.png" + (f" and {which} to {args.weights}" if args.weights else ""))
     return 0
 
 
