@@ -444,6 +444,12 @@ def test_a_campaign_goes_on_elsewhere_from_its_exported_trunk_between_milestones
     assert moved.seed()["source"] == "trunk" and moved.seed()["trunk_step"] == 4
     run(moved.dir, target=target, progress=False, stop_after_steps=1)
     assert min(e["core_hours"] for e in moved.log_history()) >= state["core_hours"]
+    # Its report draws the whole curve: the first machine's points, then its own.
+    before, after = campaign_module.curve(first), campaign_module.curve(moved)
+    assert before["eval"] and after["eval"][: len(before["eval"])] == before["eval"]
+    assert after["train"][: len(before["train"])] == before["train"] and len(after["train"]) > len(before["train"])
+    hours = [p["core_hours"] for p in after["train"]]
+    assert hours == sorted(hours)
     with pytest.raises(UsageError, match="--trunk needs --weights"):
         campaign_module.main(["report", "--dir", str(first.dir), "--out", str(tmp_path / "r2"), "--trunk"])
     with pytest.raises(UsageError, match="no trunk checkpoint"):

@@ -59,6 +59,8 @@ LOG_FILE = "campaign.log"
 MILESTONES_FILE = "milestones.json"
 CHECKPOINT_STATE = "campaign_state.json"
 EXPORT_STATE = "campaign_state.json"  # beside an exported milestone: what a campaign moved to another machine needs
+INHERITED_CURVE = "inherited_curve.json"  # a moved campaign's curve points from the machines before
+CURVE_POINTS = ("eval", "validation", "train")  # `curve`'s point lists (VALIDATION is "validation")
 TRUNK = "trunk"
 CARRY = "carry"  # in a milestone's folder: its carryover comparison
 TAU_NOTE = (
@@ -283,6 +285,9 @@ class Campaign:
         if state.get("next_build_start"):
             record["build_order"] = {name: {"start": start} for name, start in state["next_build_start"].items()}
         self.config_path.write_text(json.dumps(record, indent=2) + "\n")
+        if state.get("curve"):  # the trunk's points up to where the export branched off it
+            trunk = state.get("source") == "trunk"
+            self.inherit_curve(state["curve"], state["core_hours"] if trunk else state["milestones"][-1]["core_hours"])
         for milestone in state["milestones"]:
             self.add_milestone({**milestone, "inherited_from": str(export.resolve())})
 
@@ -297,6 +302,17 @@ class Campaign:
         record = json.loads(self.config_path.read_text())
         record["build_order"] = order
         self.config_path.write_text(json.dumps(record, indent=2) + "\n")
+
+    def inherit_curve(self, points: dict[str, list[dict]], up_to_core_hours: float) -> None:
+        """Keeps the curve's points of the machines before this one (`report`'s "eval", "validation" and "train"
+        lists, up to the core-hours the trunk goes on from), so that `report` draws the whole curve here."""
+        kept = {key: [p for p in points.get(key, []) if (p.get("core_hours") or 0) <= up_to_core_hours + 1e-9]
+                for key in CURVE_POINTS}  # fmt: skip
+        _write_json(self.dir / INHERITED_CURVE, kept)
+
+    def inherited_curve(self) -> dict[str, list[dict]]:
+        path = self.dir / INHERITED_CURVE
+        return json.loads(path.read_text()) if path.is_file() else {key: [] for key in CURVE_POINTS}
 
     def running_pid(self) -> int | None:
         """The pid of the process running this campaign, if it is alive."""
@@ -1065,8 +1081,10 @@ def curve(campaign: Campaign) -> dict:
     training = [{"step": e["step"], "core_hours": e.get("core_hours"), "loss": e["loss"],
                  "tau": e.get("tau_teacher_forced"), "learning_rate": e.get("learning_rate")}
                 for e in history if "loss" in e and "eval_loss" not in e]  # fmt: skip
-    return {"config": asdict(campaign.load_config()), "eval": points("eval"), VALIDATION: points(f"eval_{VALIDATION}"),
-            "train": training, "milestones": campaign.milestones(), "recipe_changes": campaign.recipe_changes()}  # fmt: skip
+    inherited = campaign.inherited_curve()  # the machines' before this one, if the campaign moved
+    return {"config": asdict(campaign.load_config()), "eval": inherited["eval"] + points("eval"),
+            VALIDATION: inherited[VALIDATION] + points(f"eval_{VALIDATION}"), "train": inherited["train"] + training,
+            "milestones": campaign.milestones(), "recipe_changes": campaign.recipe_changes()}  # fmt: skip
 
 
 # The issue's targets for a drafter on its own (metric key, label, value): the milestones' decoding tau on the
@@ -1214,6 +1232,7 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None, tru
                 shutil.copy2(source / name, weights / name)
         _save_bfloat16(source / "model.safetensors", weights / "model.safetensors")
         state["next_build_start"] = next_build_starts(campaign, campaign.load_config())
+        state["curve"] = {key: data[key] for key in CURVE_POINTS}  # the points so far, for the machine after
         _write_json(weights / EXPORT_STATE, state)  # what `start --from` needs to go on with this campaign elsewhere
     return data
 
