@@ -371,3 +371,32 @@ def test_skipping_repeated_text_shapes_the_training_anchors_only(target, dataset
     assert train_on == 0 and train_total > 0
     assert eval_on > 0  # the tiny target's answers repeat bigrams: evaluation keeps those anchors
     assert trainer.data_collator.skip_repeated == 2
+
+
+def test_cpu_autocast_runs_training_steps_in_bfloat16_and_evaluation_in_float32(target, dataset, tmp_path, monkeypatch):
+    drafter = fresh_drafter(target, "markov")
+    trainer = CarryoverTrainer(model=drafter, target_model=target, args=make_args(tmp_path, cpu_autocast="bfloat16"),
+                               train_dataset=dataset, eval_dataset=dataset)  # fmt: skip
+    seen = []  # the output dtype of the drafter's first linear layer, at each forward
+    linear = next(m for m in drafter.modules() if isinstance(m, torch.nn.Linear))
+    handle = linear.register_forward_hook(lambda m, a, out: seen.append(out.dtype))
+    batch = next(iter(trainer.get_train_dataloader()))
+    drafter.train()
+    loss = trainer.compute_loss(drafter, batch)
+    loss.backward()
+    assert seen and set(seen) == {torch.bfloat16} and loss.dtype == torch.float32
+    assert all(p.dtype == torch.float32 and (p.grad is None or p.grad.dtype == torch.float32) for p in drafter.parameters())
+    drafter.eval()
+    with torch.no_grad():
+        trainer.compute_loss(drafter, batch)
+    assert seen[-1] == torch.float32
+    handle.remove()
+    # "auto" follows the CPU; a bad value fails at once.
+    for native in (True, False):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda native=native: native)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+        auto = CarryoverTrainer(model=fresh_drafter(target, "markov"), target_model=target,
+                                args=make_args(tmp_path, cpu_autocast="auto"), train_dataset=dataset)  # fmt: skip
+        assert auto.train_autocast == (torch.bfloat16 if native else None)
+    with pytest.raises(ValueError, match="cpu_autocast must be"):
+        make_args(tmp_path, cpu_autocast="float16")

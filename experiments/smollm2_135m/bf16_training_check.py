@@ -1,9 +1,10 @@
 """Does the drafter train as well, and faster, under bfloat16 autocast on a CPU that computes bfloat16 natively?
 
 From one checkpoint of a campaign's trunk, two branches of the same steps on the same batches and anchors (same
-seed): float32, and bfloat16 autocast (`bf16=True`: float32 master weights and optimizer, matmuls in bfloat16). Each
+seed): float32, and bfloat16 autocast (`cpu_autocast="bfloat16"`: float32 weights and optimizer, the training steps'
+forward and loss under `torch.autocast`). Each
 reports its CPU seconds a step and its validation metrics after the steps (teacher-forced τ, decoding τ, τ at T = 1,
-loss), evaluated in float32 so that only the training differs.
+loss), evaluated in float32 (the autocast covers training steps only) so that only the training differs.
 
     python experiments/smollm2_135m/bf16_training_check.py --campaign ../runs/campaign --steps 200 \
         --out ../runs/bf16-training
@@ -44,14 +45,12 @@ def main() -> None:
     trainers = _Trainers(config, target, tokenizer, train, FeatureStore(campaign.dir / "features-eval"), out)
     results = {"start": source, "steps": args.steps, "train_rows": len(train), "threads": args.threads, "runs": {}}
     for name, bf16 in (("float32", False), ("bfloat16-autocast", True)):
-        arguments = training_arguments(config, out / name, max_steps=args.steps, bf16=bf16, eval_strategy="no",
-                                       save_strategy="no", logging_steps=50)
+        arguments = training_arguments(config, out / name, max_steps=args.steps, eval_strategy="no",
+                                       save_strategy="no", logging_steps=50, cpu_autocast="bfloat16" if bf16 else None)
         trainer = trainers(arguments, [], weights=start)
         started = time.process_time()
         trainer.train()
         seconds = time.process_time() - started
-        trainer.args.bf16 = False  # evaluate both in float32
-        trainer.accelerator.native_amp = False
         metrics = trainer.evaluate(validation, metric_key_prefix=f"eval_{VALIDATION}")
         results["runs"][name] = {"cpu_seconds_per_step": round(seconds / args.steps, 3),
                                  "final_train_loss": trainer.state.log_history[-2].get("loss"),

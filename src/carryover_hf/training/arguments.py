@@ -78,6 +78,12 @@ class CarryoverTrainingArguments(TrainingArguments):
         metadata={"help": "Draw no training anchor where the last N tokens occurred earlier in the row (repeated text "
                   "that a suffix match drafts at inference); 0: every anchor."},  # fmt: skip
     )
+    cpu_autocast: str | None = field(
+        default=None,
+        metadata={"help": "On a CPU, run each training step's forward and loss under torch.autocast in this dtype "
+                  "(float32 weights, optimizer and evaluation). 'bfloat16', or 'auto': bfloat16 where the CPU computes "
+                  "it natively (AVX-512 BF16 or AMX), else off. None: off. On a GPU use --bf16."},  # fmt: skip
+    )
     eval_decoding_tau: bool = field(
         default=True,
         metadata={"help": "After each evaluation, replay full-block greedy decoding on the eval rows and log "
@@ -119,6 +125,8 @@ class CarryoverTrainingArguments(TrainingArguments):
             raise ValueError(f"distillation must be one of {DISTILLATION_KINDS} or None, got {self.distillation!r}.")
         if self.max_train_seconds is not None and self.max_train_seconds <= 0:
             raise ValueError(f"max_train_seconds must be positive, got {self.max_train_seconds}.")
+        if self.cpu_autocast not in (None, "auto", "bfloat16"):
+            raise ValueError(f"cpu_autocast must be None, 'auto' or 'bfloat16', got {self.cpu_autocast!r}.")
         if not 0.0 <= self.distillation_weight <= 1.0:
             raise ValueError(f"distillation_weight must lie in [0, 1], got {self.distillation_weight}.")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Any
@@ -14,6 +15,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.utils import logging
 
 from ..compatibility import check_compatibility, check_target
+from ..utils import cpu_computes_bfloat16
 from ..modeling_carryover import CarryoverDrafterModel
 from .arguments import DECODING_MAX_TOKENS, OBJECTIVES, CarryoverTrainingArguments
 from .collator import CarryoverDataCollator
@@ -258,9 +260,21 @@ class CarryoverTrainer(Trainer):
         self._record_metrics(mode, output.metrics)
         return output
 
+    @functools.cached_property
+    def train_autocast(self) -> torch.dtype | None:
+        """The dtype of the training steps' CPU autocast (`cpu_autocast`), or None."""
+        choice = getattr(self.args, "cpu_autocast", None)
+        if choice is None or self.args.device.type != "cpu":
+            if choice == "bfloat16":
+                raise ValueError("cpu_autocast is for training on a CPU; on a GPU use --bf16.")
+            return None
+        return torch.bfloat16 if choice == "bfloat16" or cpu_computes_bfloat16() else None
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if model.training else "eval"
-        output = self._run_objective(model, inputs, mode)
+        dtype = self.train_autocast if mode == "train" else None
+        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            output = self._run_objective(model, inputs, mode)
         if num_items_in_batch is None:
             loss = output.loss_sum / output.num_anchors.clamp(min=1)
         else:
