@@ -371,7 +371,9 @@ def test_a_resume_may_change_the_trunks_loss_and_the_curve_shows_where(target, d
     torch.testing.assert_close(weights(campaign, 4), weights(kept, 4), rtol=0, atol=0)
     assert any(not torch.equal(weights(campaign, 8)[k], weights(kept, 8)[k]) for k in weights(kept, 8))
     data = write_report(campaign, tmp_path / "report")
-    assert data["recipe_changes"] == [change] and not write_report(kept, tmp_path / "kept-report")["recipe_changes"]
+    first_after = next(p["core_hours"] for p in data["train"] if p["step"] == 5)  # where the new loss begins
+    assert data["recipe_changes"] == [{**change, "core_hours": first_after}]
+    assert not write_report(kept, tmp_path / "kept-report")["recipe_changes"]
     assert "Recipe changed after trunk step 4" in (tmp_path / "report" / "curve.md").read_text()
 
 
@@ -424,6 +426,8 @@ def test_a_campaign_goes_on_elsewhere_from_its_exported_trunk_between_milestones
     tick_clock(monkeypatch)
     config = config_for(dataset, save_steps=2)
     first = start(tmp_path / "first", config)
+    run(first.dir, target=target, progress=False, stop_after_steps=2)
+    first.create_or_check(config_for(dataset, save_steps=2, distillation="tv"))  # a recipe change at trunk step 2
     run(first.dir, target=target, progress=False, stop_after_steps=4)
     assert not first.milestones()
     export = tmp_path / "export"
@@ -450,6 +454,10 @@ def test_a_campaign_goes_on_elsewhere_from_its_exported_trunk_between_milestones
     assert after["train"][: len(before["train"])] == before["train"] and len(after["train"]) > len(before["train"])
     hours = [p["core_hours"] for p in after["train"]]
     assert hours == sorted(hours)
+    # The recipe change keeps its place on the curve (the moved trunk's steps start again from 0).
+    [change] = before["recipe_changes"]
+    assert change["core_hours"] == next(p["core_hours"] for p in before["train"] if p["step"] == 3)
+    assert after["recipe_changes"] == before["recipe_changes"]
     with pytest.raises(UsageError, match="--trunk needs --weights"):
         campaign_module.main(["report", "--dir", str(first.dir), "--out", str(tmp_path / "r2"), "--trunk"])
     with pytest.raises(UsageError, match="no trunk checkpoint"):

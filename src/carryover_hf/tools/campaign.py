@@ -60,7 +60,7 @@ MILESTONES_FILE = "milestones.json"
 CHECKPOINT_STATE = "campaign_state.json"
 EXPORT_STATE = "campaign_state.json"  # beside an exported milestone: what a campaign moved to another machine needs
 INHERITED_CURVE = "inherited_curve.json"  # a moved campaign's curve points from the machines before
-CURVE_POINTS = ("eval", "validation", "train")  # `curve`'s point lists (VALIDATION is "validation")
+CURVE_POINTS = ("eval", "validation", "train", "recipe_changes")  # `curve`'s lists, each item with its core-hours
 TRUNK = "trunk"
 CARRY = "carry"  # in a milestone's folder: its carryover comparison
 TAU_NOTE = (
@@ -309,14 +309,16 @@ class Campaign:
 
     def inherit_curve(self, points: dict[str, list[dict]], up_to_core_hours: float) -> None:
         """Keeps the curve's points of the machines before this one (`report`'s "eval", "validation" and "train"
-        lists, up to the core-hours the trunk goes on from), so that `report` draws the whole curve here."""
+        lists and its recipe changes, up to the core-hours the trunk goes on from), so that `report` draws the whole
+        curve here."""
         kept = {key: [p for p in points.get(key, []) if (p.get("core_hours") or 0) <= up_to_core_hours + 1e-9]
                 for key in CURVE_POINTS}  # fmt: skip
         _write_json(self.dir / INHERITED_CURVE, kept)
 
     def inherited_curve(self) -> dict[str, list[dict]]:
         path = self.dir / INHERITED_CURVE
-        return json.loads(path.read_text()) if path.is_file() else {key: [] for key in CURVE_POINTS}
+        stored = json.loads(path.read_text()) if path.is_file() else {}
+        return {key: stored.get(key, []) for key in CURVE_POINTS}
 
     def running_pid(self) -> int | None:
         """The pid of the process running this campaign, if it is alive."""
@@ -755,7 +757,7 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
             if validation is not None:
                 callbacks.append(_validation_callback(trainers, clock))
             # A growing store changes the epoch's length from leg to leg: each leg starts a new pass over the rows
-            # built so far (its sampler draws from the checkpoint's RNG) instead of skipping into the last one.
+            # built so far (in the order the sampler draws for that epoch) instead of skipping into the last one.
             trainer = trainers(training_arguments(config, trunk, ignore_data_skip=growing), callbacks)
             for extra in callbacks[1:]:
                 extra.trainer = trainer
@@ -1086,10 +1088,14 @@ def curve(campaign: Campaign) -> dict:
     training = [{"step": e["step"], "core_hours": e.get("core_hours"), "loss": e["loss"],
                  "tau": e.get("tau_teacher_forced"), "learning_rate": e.get("learning_rate")}
                 for e in history if "loss" in e and "eval_loss" not in e]  # fmt: skip
+    changes = []  # each with the core-hours of the first training point after it (steps restart on a new machine)
+    for change in campaign.recipe_changes():
+        after = [p["core_hours"] for p in training if p["step"] > change["trunk_step"] and p["core_hours"]]
+        changes.append({**change, "core_hours": after[0] if after else None})
     inherited = campaign.inherited_curve()  # the machines' before this one, if the campaign moved
     return {"config": asdict(campaign.load_config()), "eval": inherited["eval"] + points("eval"),
             VALIDATION: inherited[VALIDATION] + points(f"eval_{VALIDATION}"), "train": inherited["train"] + training,
-            "milestones": campaign.milestones(), "recipe_changes": campaign.recipe_changes()}  # fmt: skip
+            "milestones": campaign.milestones(), "recipe_changes": inherited["recipe_changes"] + changes}  # fmt: skip
 
 
 # The issue's targets for a drafter on its own (metric key, label, value): the milestones' decoding tau on the
@@ -1178,7 +1184,8 @@ def write_report(campaign: Campaign, out: Path, weights: Path | None = None, tru
                   *_points_table("validation", data[VALIDATION])]  # fmt: skip
     for change in data["recipe_changes"]:
         moved = ", ".join(f"{k} {change['from'][k]} → {change['to'][k]}" for k in change["changed"])
-        lines += ["", f"Recipe changed after trunk step {change['trunk_step']} ({change['at']}): {moved}."]
+        where = f" ({change['core_hours']:.3f} core-hours)" if change.get("core_hours") else ""
+        lines += ["", f"Recipe changed after trunk step {change['trunk_step']}{where} ({change['at']}): {moved}."]
     if data["milestones"]:
         lines += ["", "| milestone | step | core-hours | held-out τ (teacher-forced / decoding / T = 1) | "
                   "validation τ (teacher-forced / decoding / T = 1) | drafter alone (T: speedup, τ) |",
@@ -1306,9 +1313,8 @@ def _plot(data: dict, path: Path) -> None:
                 axis.plot([m["core_hours"] for m in measured], [m[key] for m in measured], marker=marker, linestyle=":",
                           label=label)  # fmt: skip
         for change in data.get("recipe_changes", []):  # where the trunk's loss changed, once the curve passes it
-            after = [p["core_hours"] for p in data["train"] if p["step"] > change["trunk_step"] and p["core_hours"]]
-            if after:
-                axis.axvline(after[0], color="grey", linestyle="--", linewidth=1)
+            if change.get("core_hours"):
+                axis.axvline(change["core_hours"], color="grey", linestyle="--", linewidth=1)
         for temperature in ("T=0", "T=1"):
             marks = [(m["core_hours"], m["bench"][temperature]) for m in data["milestones"]
                      if temperature in (m.get("bench") or {})]  # fmt: skip
