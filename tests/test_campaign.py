@@ -262,21 +262,21 @@ def test_feature_stores_may_be_built_with_more_threads_than_the_campaign_trains_
 
 def test_the_trunk_trains_beside_an_unfinished_build_in_legs_and_the_rows_it_reads_grow(target, dataset, tmp_path,
                                                                                        monkeypatch):  # fmt: skip
-    # A machine without the stores: each leg builds one more shard of the training store, then trains for its share
-    # of CPU time (the ticking clock makes that one step a leg), on the rows built so far.
+    # A machine without the stores: each leg builds one more shard of the training store, then trains on half as many
+    # rows as it added (one step of 2 rows for a shard of 4), drawn from the rows built so far.
     tick_clock(monkeypatch)
     read, call = [], campaign_module._Trainers.__call__
 
     def recording(self, args, callbacks, weights=None):
         if weights is None:  # the trunk's legs (a decay branch passes the weights it starts from)
-            read.append((len(self.train_rows), args.ignore_data_skip))
+            read.append((len(self.train_rows), args.ignore_data_skip, campaign.trunk_step()))
         return call(self, args, callbacks, weights)
 
     monkeypatch.setattr(campaign_module._Trainers, "__call__", recording)
-    campaign = start(tmp_path / "c", config_for(dataset, build_share=0.5, build_slice_shards=1))
+    campaign = start(tmp_path / "c", config_for(dataset, build_passes=0.5, build_slice_shards=1))
     run(campaign.dir, target=target, progress=False, stop_after_steps=6)
     # 9 training rows in shards of 4: 4, then 8, then all 9, after which the trunk trains on to its stop as before.
-    assert read == [(4, True), (8, True), (9, False)]
+    assert read == [(4, True, 0), (8, True, 1), (9, False, 2)]  # rows read, a new pass, the step each leg starts at
     assert json.loads((campaign.dir / "features-train" / "features.json").read_text())["complete"]
     history = campaign.log_history()
     assert history[-1]["step"] == 6 and [e["step"] for e in history if "loss" in e] == [1, 2, 3, 4, 5, 6]
@@ -292,7 +292,7 @@ def test_a_moved_campaign_builds_first_the_rows_the_last_machine_did_not_reach(t
     from carryover_hf.training.feature_store import shard_fingerprints
 
     tick_clock(monkeypatch)
-    config = config_for(dataset, build_share=0.5, build_slice_shards=1, save_steps=1)
+    config = config_for(dataset, build_passes=0.5, build_slice_shards=1, save_steps=1)
     first = start(tmp_path / "first", config)
     run(first.dir, target=target, progress=False, stop_after_steps=1)  # one leg: the first shard of 4 rows, one step
     assert json.loads((first.dir / "features-train" / "features.json").read_text())["num_rows"] == 4

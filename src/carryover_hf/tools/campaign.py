@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -80,7 +81,7 @@ BRANCH_RECORD = "branch.json"
 CARRY_CHANGES = ("carry_steps", "carry_learning_rate", "carry_num_anchors", "carry_plain_weight")
 LOSS_CHANGES = ("distillation", "distillation_weight", "cpu_autocast")  # how the trunk's steps compute their loss
 VALIDATION_CHANGES = ("validation_dataset", "validation_steps")
-BUILD_CHANGES = ("build_share", "build_slice_shards")  # only when the stores' shards are built, not what they hold
+BUILD_CHANGES = ("build_passes", "build_slice_shards")  # only when the stores' shards are built, not what they hold
 RESUMABLE_CHANGES = CARRY_CHANGES + LOSS_CHANGES + VALIDATION_CHANGES + BUILD_CHANGES
 VALIDATION = "validation"  # the validation set's store folder suffix, metric prefix (`eval_validation_*`) and keys
 
@@ -107,8 +108,9 @@ class CampaignConfig:
     feature_target_dtype: str | None = None
     # While the training stores are incomplete (a new campaign, or one moved to a machine without its stores), the
     # trunk trains on the rows built so far: each leg builds `build_slice_shards` more shards of every training store,
-    # then trains for as much CPU time as build_share : (1 - build_share) gives it. 1.0: build everything first.
-    build_share: float = 1.0
+    # then trains on build_passes times as many rows as the slice added, drawn from every row built so far (1.0: as
+    # many row reads as an on-the-fly first epoch). None: build everything first.
+    build_passes: float | None = None
     build_slice_shards: int = 8
     # The drafter.
     drafter_type: str = "markov"
@@ -187,9 +189,9 @@ class CampaignConfig:
         if self.feature_target_dtype not in (None, "auto", "float32", "bfloat16", "float16"):
             raise UsageError("feature_target_dtype must be null, 'auto', 'float32', 'bfloat16' or 'float16', got "
                              f"{self.feature_target_dtype!r}.")  # fmt: skip
-        if not 0 < self.build_share <= 1 or self.build_slice_shards < 1:
-            raise UsageError(f"build_share must lie in (0, 1] and build_slice_shards be at least 1, got "
-                             f"{self.build_share} and {self.build_slice_shards}.")  # fmt: skip
+        if (self.build_passes is not None and self.build_passes <= 0) or self.build_slice_shards < 1:
+            raise UsageError(f"build_passes must be positive (or null) and build_slice_shards at least 1, got "
+                             f"{self.build_passes} and {self.build_slice_shards}.")  # fmt: skip
         if self.carry_steps and not self.milestone_prompts_per_category:
             raise UsageError("carry_steps needs milestone_prompts_per_category >= 1: the comparison is benchmarked.")
 
@@ -589,13 +591,13 @@ class StopRequest:
 
 
 def _trunk_callback(clock: CoreHours, milestone_at: float, stop: StopRequest, stop_after_steps: int | None,
-                    leg_until: float | None = None):  # fmt: skip
+                    leg_until: int | None = None):  # fmt: skip
     from transformers import TrainerCallback
 
     class TrunkCallback(TrainerCallback):
         """Core-hours on every log entry and checkpoint; a checkpoint and the end of this leg when the next milestone
-        is due, when a stop is requested, at `stop_after_steps`, or once the clock reaches `leg_until` core-hours (the
-        leg's share beside a slice of the stores' build)."""
+        is due, when a stop is requested, at `stop_after_steps`, or at trunk step `leg_until` (the end of a leg
+        beside a slice of the stores' build)."""
 
         milestone_due = False
         leg_over = False
@@ -603,7 +605,7 @@ def _trunk_callback(clock: CoreHours, milestone_at: float, stop: StopRequest, st
         def on_step_end(self, args, state, control, **kwargs):
             if clock.hours() >= milestone_at:
                 self.milestone_due = True
-            if leg_until is not None and clock.hours() >= leg_until:
+            if leg_until is not None and state.global_step >= leg_until:
                 self.leg_over = True
             if (self.milestone_due or self.leg_over or stop.requested
                     or (stop_after_steps and state.global_step >= stop_after_steps)):  # fmt: skip
@@ -700,8 +702,8 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
     """The campaign loop in this process: data, then the trunk in legs from milestone to milestone, until stopped
     (SIGTERM, `carryover-hf campaign stop`) or, for tests and short runs, until the trunk reaches `stop_after_steps`
     (a checkpoint is saved there). `build_threads`: torch threads while the feature stores are built (a machine the
-    campaign moved to rebuilds them all), the campaign's `threads` for the rest. With `build_share` < 1 the trunk
-    trains beside an incomplete build: legs that alternate a slice of the build with a share of training."""
+    campaign moved to rebuilds them all), the campaign's `threads` for the rest. With `build_passes` the trunk trains
+    beside an incomplete build: legs that alternate a slice of the build with training on the rows built so far."""
     import torch
 
     import carryover_hf  # noqa: F401  (registers the drafter with AutoModel)
@@ -716,10 +718,10 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
 
         target, tokenizer = load_target(config.target, dtype=config.target_dtype)
     builder = feature_target(config, target)
-    slice_shards = config.build_slice_shards if config.build_share < 1 else None
+    slice_shards = config.build_slice_shards if config.build_passes else None
 
     def build() -> tuple[dict[str, list[Path]], float]:
-        """One slice of the build (the whole of it with build_share 1); its stores, and its CPU seconds."""
+        """One slice of the build (the whole of it without build_passes); its stores, and its CPU seconds."""
         started = time.process_time()
         stores = build_stores(campaign, config, builder, progress, threads=build_threads, train_shards=slice_shards)
         return stores, time.process_time() - started  # the threads are the campaign's again
@@ -728,6 +730,7 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
         build_stores(campaign, config, builder, progress, threads=build_threads, train_shards=0)
     stores, build_seconds = build()
     growing = not stores_complete(stores["train"])
+    new_rows = len(FeatureStore(stores["train"], allow_incomplete=True)) if growing else 0
     trunk = campaign.dir / TRUNK
     seed = campaign.seed()
     validation = FeatureStore(stores[VALIDATION]) if VALIDATION in stores else None
@@ -750,8 +753,9 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
             clock = CoreHours(_core_seconds_at(last) if last or not seed else 3600.0 * seed["core_hours"])
             index = len(campaign.milestones())
             leg_until = None
-            if growing:  # this leg's share of CPU time beside the slice just built
-                leg_until = clock.hours() + build_seconds * (1 - config.build_share) / config.build_share / 3600.0
+            if growing:  # this leg reads build_passes times the rows the slice just built added
+                steps = math.ceil(config.build_passes * new_rows / config.per_device_train_batch_size)
+                leg_until = campaign.trunk_step() + max(1, steps)
             callback = _trunk_callback(clock, milestone_core_hours(config, index), stop, stop_after_steps, leg_until)
             callbacks = [callback]
             if validation is not None:
@@ -780,7 +784,9 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
                 stores, build_seconds = build()
                 signal.signal(signal.SIGTERM, stop)
                 growing = not stores_complete(stores["train"])
+                built_before = len(trainers.train_rows)
                 trainers.train_rows = FeatureStore(stores["train"], allow_incomplete=growing)
+                new_rows = len(trainers.train_rows) - built_before
                 print(f"campaign {config.name}: built a slice in {build_seconds / 60:.1f} CPU minutes; "
                       f"{len(trainers.train_rows)} training rows{' so far' if growing else ', all of them'}", flush=True)  # fmt: skip
                 continue
