@@ -15,8 +15,8 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.utils import logging
 
 from ..compatibility import check_compatibility, check_target
-from ..utils import cpu_computes_bfloat16
 from ..modeling_carryover import CarryoverDrafterModel
+from ..utils import cpu_computes_bfloat16
 from .arguments import DECODING_MAX_TOKENS, OBJECTIVES, CarryoverTrainingArguments
 from .collator import CarryoverDataCollator
 from .data import check_training_dataset, row_lengths
