@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -273,7 +274,8 @@ class CarryoverTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if model.training else "eval"
         dtype = self.train_autocast if mode == "train" else None
-        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        autocast = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        with autocast:
             output = self._run_objective(model, inputs, mode)
         if num_items_in_batch is None:
             loss = output.loss_sum / output.num_anchors.clamp(min=1)
