@@ -473,8 +473,8 @@ def build_stores(campaign: Campaign, config: CampaignConfig, target, progress: b
                  threads: int | None = None, train_shards: int | None = None) -> dict[str, list[Path]]:  # fmt: skip
     """Builds or extends the held-out store and one training store per dataset; returns their folders. `threads`:
     torch threads for the target's forwards (default: the campaign's own). `train_shards`: add at most that many
-    shards to each training store (a slice of a build the trunk trains beside; `stores_complete` tells when it is
-    done); the held-out and validation stores are always built whole.
+    shards to each training store (a slice of a build the trunk trains beside; `FeatureStore.complete` tells when
+    it is done); the held-out and validation stores are always built whole.
 
     Each dataset has its own training store so that every store only ever grows at its end: a regeneration run that
     gains chunks adds shards to its own store and leaves the stores of the datasets after it as they are."""
@@ -497,11 +497,6 @@ def build_stores(campaign: Campaign, config: CampaignConfig, target, progress: b
                   flush=True)  # fmt: skip
             stores.setdefault(kind, []).append(folder)
     return stores
-
-
-def stores_complete(folders: list[Path]) -> bool:
-    """Whether every one of these stores holds all of its dataset's rows."""
-    return all(json.loads((folder / "features.json").read_text()).get("complete") for folder in folders)
 
 
 def feature_target(config: CampaignConfig, target):
@@ -658,13 +653,12 @@ class _Trainers:
     resumed run then loads the checkpoint's weights over the new drafter)."""
 
     def __init__(self, config: CampaignConfig, target, tokenizer, train_rows, eval_rows, vocabulary_dir: Path,
-                 seed_folder: str | None = None, validation_rows=None, vocabulary_rows=None):  # fmt: skip
+                 seed_folder: str | None = None, validation_rows=None):  # fmt: skip
         from ..training import cli as train_cli
 
         self.config, self.target, self.tokenizer, self.seed_folder = config, target, tokenizer, seed_folder
         self.train_rows, self.eval_rows, self.vocabulary_dir = train_rows, eval_rows, vocabulary_dir
         self.validation_rows = validation_rows
-        self.vocabulary_rows = vocabulary_rows  # a new drafter's draft vocabulary: these rows (default: train_rows)
         self.model_args = train_cli.ModelArguments(
             target=config.target, drafter_type=config.drafter_type, drafter_layers=config.drafter_layers,
             block_size=config.block_size, target_layer_ids=config.target_layer_ids,
@@ -680,7 +674,10 @@ class _Trainers:
 
         def vocabulary(drafter):
             if self.config.draft_vocab_size:
-                rows = self.train_rows if self.vocabulary_rows is None else self.vocabulary_rows
+                rows = self.train_rows
+                if not rows.complete:  # a build under way: the vocabulary counts every training row, not those built
+                    parts = store_rows(self.config)["train"]  # every part selects from the same rows
+                    rows = parts[0][1].select([i for _, _, indices in parts for i in indices])
                 train_cli._draft_vocabulary(self.model_args, drafter, rows, self.eval_rows, str(self.vocabulary_dir))
 
         set_seed(self.config.seed)
@@ -729,18 +726,14 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
     if slice_shards:  # the held-out and validation stores first, whole, so that the first leg's share is the slice's
         build_stores(campaign, config, builder, progress, threads=build_threads, train_shards=0)
     stores, build_seconds = build()
-    growing = not stores_complete(stores["train"])
-    new_rows = len(FeatureStore(stores["train"], allow_incomplete=True)) if growing else 0
+    train_rows = FeatureStore(stores["train"], allow_incomplete=True)
+    growing = not train_rows.complete
+    new_rows = len(train_rows) if growing else 0
     trunk = campaign.dir / TRUNK
     seed = campaign.seed()
     validation = FeatureStore(stores[VALIDATION]) if VALIDATION in stores else None
-    vocabulary_rows = None
-    if growing:  # a new drafter's draft vocabulary counts every training row, not only those built so far
-        parts = store_rows(config, campaign.build_order())["train"]  # every part selects from the same rows
-        vocabulary_rows = parts[0][1].select([i for _, _, indices in parts for i in indices])
-    trainers = _Trainers(config, target, tokenizer, FeatureStore(stores["train"], allow_incomplete=growing),
-                         FeatureStore(stores["eval"]), trunk, seed["from"] if seed else None, validation,
-                         vocabulary_rows)  # fmt: skip
+    trainers = _Trainers(config, target, tokenizer, train_rows, FeatureStore(stores["eval"]), trunk,
+                         seed["from"] if seed else None, validation)  # fmt: skip
     stop = StopRequest()
     previous = signal.signal(signal.SIGTERM, stop)  # stop: checkpoint after the current step
     try:
@@ -783,9 +776,9 @@ def run(directory: str | os.PathLike, target=None, tokenizer=None, progress: boo
                 signal.signal(signal.SIGTERM, previous)  # a stop during a slice ends the run: its shards are atomic
                 stores, build_seconds = build()
                 signal.signal(signal.SIGTERM, stop)
-                growing = not stores_complete(stores["train"])
                 built_before = len(trainers.train_rows)
-                trainers.train_rows = FeatureStore(stores["train"], allow_incomplete=growing)
+                trainers.train_rows = FeatureStore(stores["train"], allow_incomplete=True)
+                growing = not trainers.train_rows.complete
                 new_rows = len(trainers.train_rows) - built_before
                 print(f"campaign {config.name}: built a slice in {build_seconds / 60:.1f} CPU minutes; "
                       f"{len(trainers.train_rows)} training rows{' so far' if growing else ', all of them'}", flush=True)  # fmt: skip

@@ -432,6 +432,11 @@ class FeatureStore(torch.utils.data.Dataset):
     def has_topk(self) -> bool:
         return self.settings["top_k"] > 0
 
+    @property
+    def complete(self) -> bool:
+        """Whether every store read holds all of its dataset's rows (one opened with `allow_incomplete` may not)."""
+        return all(manifest.get("complete") for _, manifest in self.parts)
+
     def built_by(self, target) -> bool:
         """Whether `target` computed these features: the same model, or the same weights run in another dtype (a
         store built in bfloat16 on a CPU that computes it natively trains drafters for the float32 target; its
