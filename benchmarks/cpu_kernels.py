@@ -1,9 +1,10 @@
 """What a target forward over k new tokens costs with PyTorch's defaults and with `carryover_hf.tools.cpu_kernels`.
 
-Four configurations of one model in one process: `default` (`nn.Linear` on MKL, Transformers' `sdpa`), `onednn`
+Five configurations of one model in one process: `default` (`nn.Linear` on MKL, Transformers' `sdpa`), `onednn`
 (`PackedLinear` on oneDNN for every row count, same attention), `onednn_grouped` (the same with
 `grouped_query_sdpa`: no key/value copies for grouped-query heads) and `cpu_kernels` (what `--cpu_kernels on` does:
-the skinny kernel for 2-12 rows, oneDNN beyond, grouped attention). They are timed in one loop, the order
+the skinny kernel for 2-12 rows, oneDNN beyond, grouped attention) and `cpu_kernels_panel` (the same with the panel
+kernel for 1-12 rows: `SkinnyChoice(panel_from=1)`). They are timed in one loop, the order
 alternating every round, at each k on a fixed context. The cost of a speculative round's verification is the
 k = drafts + 1 column over the k = 1 column of the same configuration.
 
@@ -34,15 +35,21 @@ from torch import nn
 from carryover_hf.tools import cpu_kernels
 from carryover_hf.tools.cpu_kernels import (
     PackedLinear,
+    SkinnyChoice,
     pack_linears,
     packed_linears_available,
+    panel_linear_available,
     register_grouped_attention,
     skinny_linear_available,
     skinny_linear_unavailable_reason,
+    use_skinny_choice,
     use_skinny_linear,
 )
 
-KERNELS = ("default", "onednn", "onednn_grouped", "cpu_kernels")
+KERNELS = ("default", "onednn", "onednn_grouped", "cpu_kernels", "cpu_kernels_panel")
+# What `cpu_kernels_panel` changes: the panel kernel (csrc/panel_linear.c) for 1-12 rows instead of F.linear (one row)
+# and the skinny kernel.
+PANEL_CHOICE = SkinnyChoice(panel_from=1)
 
 
 def _linear_slots(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear, PackedLinear]]:
@@ -63,6 +70,7 @@ def _use(model, slots, kernel: str, libraries: dict) -> None:
     use_skinny_linear(kernel in libraries)
     if kernel in libraries:
         cpu_kernels._Skinny.library = libraries[kernel]
+    use_skinny_choice(PANEL_CHOICE if kernel == "cpu_kernels_panel" else SkinnyChoice())
 
 
 def _crop(cache, context: int) -> None:
@@ -129,7 +137,9 @@ def main() -> None:
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (1, args.context + max(args.ks)), generator=generator)
     kernels = KERNELS
-    libraries = {"cpu_kernels": cpu_kernels._Skinny.library}
+    libraries = {"cpu_kernels": cpu_kernels._Skinny.library, "cpu_kernels_panel": cpu_kernels._Skinny.library}
+    if not panel_linear_available():
+        raise SystemExit(f"the panel kernel is unavailable here: {cpu_kernels._Panel.reason}")
     if args.skinny_baseline is not None:
         libraries["cpu_kernels_baseline"] = cpu_kernels._build_skinny(args.skinny_baseline)
         kernels = (*KERNELS, "cpu_kernels_baseline")

@@ -13,7 +13,9 @@ from carryover_hf.tools.cpu_kernels import (
     SkinnyChoice,
     apply_cpu_kernels,
     pack_linears,
+    pack_panels,
     packed_linears_available,
+    panel_linear_available,
     resolve_cpu_kernels,
     skinny_linear,
     skinny_linear_available,
@@ -222,7 +224,11 @@ def test_use_grouped_attention_leaves_other_implementations_alone():
 
 # The Intel default, and what the AMD EPYC chose (one row on the skinny kernel, one weight row per block): each
 # routes the target alone's steps and the verification rows through other kernels.
-CHOICES = {"default": SkinnyChoice(), "one-row-on-kernel": SkinnyChoice(one_row=True, two_weight_rows=(False,) * 3)}
+CHOICES = {
+    "default": SkinnyChoice(),
+    "one-row-on-kernel": SkinnyChoice(one_row=True, two_weight_rows=(False,) * 3),
+    "panel-from-2": SkinnyChoice(panel_from=2),
+}
 
 
 @pytest.mark.parametrize("choice", sorted(CHOICES))
@@ -345,7 +351,8 @@ def test_tune_skinny_kernel_times_the_models_weights_and_uses_the_choice():
         assert kernels._Skinny.choice == SkinnyChoice()
         choice = tune_skinny_kernel(model, min_bytes=1 << 20, repeats=1)
         assert isinstance(choice, SkinnyChoice) and kernels._Skinny.choice == choice
-        assert kernels._Skinny.min_rows == (1 if choice.one_row else 2)
+        assert kernels._Skinny.min_rows == (1 if choice.one_row or choice.panel_from == 1 else 2)
+        assert choice.panel_from in (None, *kernels.PANEL_TIMED_ROWS)
         torch.set_num_threads(2)
         assert tune_skinny_kernel(model, min_bytes=1 << 20, repeats=1) is None  # the kernel runs at one thread only
     finally:
@@ -362,3 +369,55 @@ def test_skinny_kernel_build_failure_says_why(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="building the skinny kernel failed"):
         kernels._build_skinny()
     assert list(tmp_path.iterdir()) == []  # nothing half-written is left behind
+
+
+panel = pytest.mark.skipif(not panel_linear_available(), reason="no panel kernel here (no C compiler or AVX2)")
+
+
+@panel
+def test_panel_kernel_computes_one_sequential_sum_per_output_whatever_the_rows():
+    """Bit for bit: every output is `fma(x[k], w[k], s)` over k in order (the scalar `panel_reference`), whatever the
+    rows sharing the call (1-14 in one pass, more in several), the half-panel passes of 7+ rows on 16 registers, the
+    columns past the last full panel, and the bias."""
+    import carryover_hf.tools.cpu_kernels as kernels
+
+    generator = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(31, 581, generator=generator), torch.randn(37, 581, generator=generator)  # 37: 2 panels + 5
+    bias = torch.randn(37, generator=generator)
+    panels = pack_panels(weight)
+    assert panels.shape == (3, 581, 16) and torch.equal(panels[2, :, 5:], torch.zeros(581, 11))
+    for b in (bias, None):
+        reference = kernels._panel_product(x, weight, b, 37, function="panel_reference")
+        torch.testing.assert_close(reference, torch.nn.functional.linear(x, weight, b), rtol=1e-4, atol=1e-4)
+        for rows in (1, 2, 3, 6, 7, 8, 13, 14, 15, 29, 31):
+            assert torch.equal(kernels._panel_product(x[:rows].contiguous(), panels, b, 37), reference[:rows]), rows
+        for i in range(4):
+            assert torch.equal(kernels._panel_product(x[i : i + 1].contiguous(), panels, b, 37), reference[i : i + 1])
+
+
+@panel
+def test_packed_linear_sends_rows_from_the_choices_panel_from_to_the_panel_kernel(monkeypatch):
+    import carryover_hf.tools.cpu_kernels as kernels
+
+    linear = _linear(out_features=70, in_features=40)
+    packed = PackedLinear.wrap(linear)
+    used = []
+    original_skinny, original_panel = kernels._skinny_product, kernels._panel_product
+    monkeypatch.setattr(kernels, "_skinny_product", lambda x, *a: used.append(("skinny", x.shape[0])) or original_skinny(x, *a))
+    monkeypatch.setattr(kernels, "_panel_product", lambda x, *a: used.append(("panel", x.shape[0])) or original_panel(x, *a))
+    threads = torch.get_num_threads()
+    use_skinny_choice(SkinnyChoice(panel_from=4))  # the conftest restores the default
+    try:
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            for rows in (1, 3, 4, 12, 13):
+                x = torch.randn(1, rows, 40)
+                torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+            linear.weight.mul_(2.0)  # the panels are rebuilt for a changed weight
+            x = torch.randn(5, 40)
+            torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(threads)
+    # one row: F.linear; 13 rows: oneDNN (past SKINNY_MAX_ROWS); neither is recorded here
+    assert used == [("skinny", 3), ("panel", 4), ("panel", 12), ("panel", 5)]
+    assert "panel kernel from 4 rows" in packed.kernel_key

@@ -15,8 +15,8 @@ from carryover_hf.tools.testing import skew_towards_token, tiny_drafter, tiny_ta
 from test_generation_sampling import assert_matches, exact_distribution, sample_with_drafter
 
 VOCAB = 16
-# Free verification (full blocks pay), a cost that rises steeply (short proposals or plain steps pay), and the
-# greedy default: each round's cost measured from the call's own rounds.
+# Free verification (full blocks pay), a cost that rises steeply (short proposals or plain steps pay), and each
+# round's cost measured from the call's own rounds.
 COSTS = {"flat": "flat", "steep": [1.0, 1.6, 2.2, 2.8, 3.4, 4.0, 4.6, 5.2, 5.8, 6.4, 7.0, 7.6, 8.2, 8.8, 9.4, 10.0, 10.6],
          "measured": "measured"}  # fmt: skip
 
@@ -210,10 +210,12 @@ def test_by_default_a_seed_reproduces_a_sample_and_greedy_calls_go_on_from_earli
             assert isinstance(seen.policy.cost, ModelledCost)
             memories.append(seen.policy.memory)
         assert torch.equal(samples[0], samples[1]) and memories[0] is not memories[1]
-        for _ in range(2):  # greedy: costs measured, and what earlier calls saw carries over
+        for _ in range(2):  # greedy: a calibrated curve too, and what earlier calls saw carries over
             target.generate(prompt, assistant_model=drafter, do_sample=False, **kwargs)
-            assert isinstance(seen.policy.cost, MeasuredCost)
+            assert isinstance(seen.policy.cost, ModelledCost)
             memories.append(seen.policy.memory)
+        target.generate(prompt, assistant_model=drafter, do_sample=False, verification_cost="measured", **kwargs)
+        assert isinstance(seen.policy.cost, MeasuredCost) and seen.policy.memory is memories[3]
         assert memories[2] is memories[3] and memories[3].estimates["draft"].reached[0] > 0
         torch.manual_seed(3)  # a call that asks for measured costs goes on from earlier calls at its own temperature
         target.generate(prompt, assistant_model=drafter, do_sample=True, temperature=0.8, verification_cost="measured",

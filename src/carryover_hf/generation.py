@@ -65,8 +65,7 @@ CARRYOVER_GENERATION_OPTIONS = {
     "rounds (wall time), in the shape of the target's verification curve calibrated once per machine and cached on "
     "disk (sampled outputs then keep the target's distribution but not a seed's exact tokens); "
     "'calibrate': calibrated on the target once and cached on disk; 'flat': every forward costs one step, as on a "
-    "GPU; or a list of relative costs of verifying 0, 1, 2, ... drafts. None (default): 'measured' when greedy, "
-    "'calibrate' when sampling (a seed reproduces the sample)",
+    "GPU; or a list of relative costs of verifying 0, 1, 2, ... drafts. None (default): 'calibrate'",
 }
 # "The drafter's" default: `drafter.generation_config` (`drafter_defaults`).
 # Options that choose another candidate generator: Transformers would ignore them next to a Carryover drafter.
@@ -696,8 +695,8 @@ def cost_aware_policy(target, drafter, input_ids, generation_config):
     max_drafts = max(block_size - 1, 16)
     sampling = bool(generation_config.do_sample)
     cost = getattr(generation_config, "verification_cost", None)
-    if cost is None:  # measured where timings cannot change the output (greedy); where a seed must reproduce a sample,
-        cost = "calibrate" if sampling else "measured"  # a curve fixed once per machine
+    if cost is None:  # a curve fixed once per machine: fitted online, a round's cost drifted with the draft counts the
+        cost = "calibrate"  # policy happened to try and locked it into one (docs/generate.md); a seed reproduces a sample
     measured = cost == "measured"
     # What earlier calls learnt goes on with the next, kept on the drafter (runtime state, never saved): acceptance per
     # source, per target and temperature (`AcceptanceMemory`), and measured round costs. Only where that cannot change

@@ -51,6 +51,13 @@ def cpu_computes_bfloat16() -> bool:
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 
 
+def resolve_auto_bfloat16(choice: str | None) -> str | None:
+    """A dtype setting that may be "auto" (bfloat16 where `cpu_computes_bfloat16`, else None: the default dtype)."""
+    if choice == "auto":
+        return "bfloat16" if cpu_computes_bfloat16() else None
+    return choice
+
+
 def model_fingerprint(model) -> str:
     """A checksum of a model (a target or a drafter): its config and a strided sample of every weight.
 
@@ -86,4 +93,4 @@ def _fingerprint(model, as_bfloat16: bool) -> str:
     return digest.hexdigest()[:16]
 
 
-__all__ = ["cpu_computes_bfloat16", "device_synchronizer", "file_sha256", "json_fingerprint", "model_fingerprint", "pad_token_id", "weights_fingerprint"]
+__all__ = ["cpu_computes_bfloat16", "device_synchronizer", "file_sha256", "json_fingerprint", "model_fingerprint", "pad_token_id", "resolve_auto_bfloat16", "weights_fingerprint"]

@@ -218,10 +218,19 @@ class Campaign:
     def exists(self) -> bool:
         return self.config_path.is_file()
 
+    def record(self) -> dict:
+        """What `campaign.json` holds: the config and what happened to it on this machine (settings changed on
+        resumes, the export it was seeded from, the stores' build order); empty before the first start."""
+        return json.loads(self.config_path.read_text()) if self.exists() else {}
+
+    def _update_record(self, **fields) -> None:
+        """Sets `fields` in `campaign.json`, keeping the rest (the only writer after the first start)."""
+        _write_json(self.config_path, {**self.record(), **fields})
+
     def load_config(self) -> CampaignConfig:
         if not self.exists():
             raise UsageError(f"no campaign in {self.dir} (no {CONFIG_FILE}); start one with `carryover-hf campaign start`.")
-        return CampaignConfig.from_dict(json.loads(self.config_path.read_text())["config"])
+        return CampaignConfig.from_dict(self.record()["config"])
 
     def create_or_check(self, config: CampaignConfig | None) -> CampaignConfig:
         """The campaign's config: written on the first start (dataset paths made absolute), checked on a resume."""
@@ -240,14 +249,11 @@ class Campaign:
                 config = _absolute(config)
                 config.validate()
                 _check_datasets(config)
-                record = json.loads(self.config_path.read_text())
-                record["config"] = asdict(config)
                 change = {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "changed": changed,
                           "from": {k: asdict(saved)[k] for k in changed}, "to": {k: asdict(config)[k] for k in changed}}  # fmt: skip
                 if any(k in LOSS_CHANGES for k in changed):
                     change["trunk_step"] = self.trunk_step()  # the new loss trains the steps after this one
-                record.setdefault("changes", []).append(change)
-                self.config_path.write_text(json.dumps(record, indent=2) + "\n")
+                self._update_record(config=asdict(config), changes=self.record().get("changes", []) + [change])
                 print(f"campaign {config.name}: settings changed on resume: {', '.join(changed)}")
                 return config
             return saved
@@ -255,8 +261,7 @@ class Campaign:
         config.validate()
         _check_datasets(config)
         self.dir.mkdir(parents=True, exist_ok=True)
-        record = {"config": asdict(config), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        self.config_path.write_text(json.dumps(record, indent=2) + "\n")
+        _write_json(self.config_path, {"config": asdict(config), "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
         return config
 
     def last_checkpoint(self) -> str | None:
@@ -273,24 +278,22 @@ class Campaign:
 
     def recipe_changes(self) -> list[dict]:
         """The changes of the trunk's loss settings made on resumes, each with the trunk step it took effect after."""
-        changes = json.loads(self.config_path.read_text()).get("changes", []) if self.exists() else []
-        return [c for c in changes if "trunk_step" in c]
+        return [c for c in self.record().get("changes", []) if "trunk_step" in c]
 
     def seed(self) -> dict | None:
         """Where the trunk started from when the campaign was moved to this machine (`start --from`), if it was."""
-        return json.loads(self.config_path.read_text()).get("seed") if self.exists() else None
+        return self.record().get("seed")
 
     def seed_from(self, export: Path, config: CampaignConfig) -> None:
         """Starts this (new) campaign's trunk from an exported milestone (`report --weights`): its weights, with a
         fresh optimizer; its core-hours and milestones carry over, so the curve and the doublings go on."""
         state = read_export(export, config)
-        record = json.loads(self.config_path.read_text())
-        record["seed"] = {"from": str(export.resolve()), "core_hours": state["core_hours"],
-                          "milestones": len(state["milestones"]), "source": state.get("source", "milestone"),
-                          "trunk_step": state["trunk_step"] if "trunk_step" in state else state["milestones"][-1]["step"]}  # fmt: skip
+        seed = {"from": str(export.resolve()), "core_hours": state["core_hours"],
+                "milestones": len(state["milestones"]), "source": state.get("source", "milestone"),
+                "trunk_step": state["trunk_step"] if "trunk_step" in state else state["milestones"][-1]["step"]}  # fmt: skip
+        self._update_record(seed=seed)
         if state.get("next_build_start"):
-            record["build_order"] = {name: {"start": start} for name, start in state["next_build_start"].items()}
-        self.config_path.write_text(json.dumps(record, indent=2) + "\n")
+            self.set_build_order({name: {"start": start} for name, start in state["next_build_start"].items()})
         if state.get("curve"):  # the trunk's points up to where the export branched off it
             trunk = state.get("source") == "trunk"
             self.inherit_curve(state["curve"], state["core_hours"] if trunk else state["milestones"][-1]["core_hours"])
@@ -302,12 +305,10 @@ class Campaign:
         then 0..s-1, then any rows the dataset gained): a moved campaign builds first the rows the last machine did not
         reach (`next_build_starts`), so that a build cut short by the end of a session does not favour the same rows
         on every machine. Empty: every store from its first row."""
-        return json.loads(self.config_path.read_text()).get("build_order", {}) if self.exists() else {}
+        return self.record().get("build_order", {})
 
     def set_build_order(self, order: dict[str, dict[str, int]]) -> None:
-        record = json.loads(self.config_path.read_text())
-        record["build_order"] = order
-        self.config_path.write_text(json.dumps(record, indent=2) + "\n")
+        self._update_record(build_order=order)
 
     def inherit_curve(self, points: dict[str, list[dict]], up_to_core_hours: float) -> None:
         """Keeps the curve's points of the machines before this one (`report`'s "eval", "validation" and "train"
@@ -506,11 +507,9 @@ def feature_target(config: CampaignConfig, target):
 
     import torch
 
-    from ..utils import cpu_computes_bfloat16
+    from ..utils import resolve_auto_bfloat16
 
-    wanted = config.feature_target_dtype
-    if wanted == "auto":
-        wanted = "bfloat16" if cpu_computes_bfloat16() else None
+    wanted = resolve_auto_bfloat16(config.feature_target_dtype)
     dtype = getattr(torch, wanted) if wanted else None
     if dtype is None or dtype == next(target.parameters()).dtype:
         return target

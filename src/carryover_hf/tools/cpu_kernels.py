@@ -14,14 +14,19 @@ plain decode step is unchanged, bit for bit) and two or more rows through the pa
 intra-op thread go to the skinny kernel instead (`csrc/skinny_linear.c`: AVX2/FMA, each weight row read once, the
 few rows of x against it from L1), compiled with the system's C compiler on first use into
 `~/.cache/carryover_hf` (or `$CARRYOVER_HF_CACHE`) and called through ctypes; without a compiler or AVX2 it is
-skipped with a warning and oneDNN takes those rows.
-`benchmarks/cpu_kernels.py` measures both kernels on the machine at hand (`docs/cpu-kernels.md` has the figures).
+skipped with a warning and oneDNN takes those rows. The panel kernel (`csrc/panel_linear.c`, built the same way)
+serves those rows from a second copy of the weight packed into panels of 16 output columns, at about the cost of one
+row where the skinny kernel runs out of load slots (on an AMD EPYC 8 rows cost 2.2x one row on the skinny kernel,
+1.1x on the panel kernel); `tune_skinny_kernel` times it against the skinny kernel on the machine at hand and sets
+the rows it serves (`SkinnyChoice.panel_from`).
+`benchmarks/cpu_kernels.py` measures the kernels on the machine at hand (`docs/cpu-kernels.md` has the figures).
 
 `pack_linears(model)` swaps each float32 CPU `nn.Linear` for a `PackedLinear` that shares its parameters (tied
-weights stay tied; `state_dict`, `save_pretrained` and `.weight` are unchanged). The packed copy is derived state:
+weights stay tied; `state_dict`, `save_pretrained` and `.weight` are unchanged). The packed copies are derived state:
 it is rebuilt when the weight changes (optimizer step, `load_state_dict`, `.to()`), dropped by `copy.deepcopy` and
 pickling, and skipped, falling back to `F.linear`, for other dtypes or devices and whenever autograd needs the
-weight's gradient. It costs one more copy of the weights in memory.
+weight's gradient. They cost one more copy of the weights in memory each (oneDNN's, and the panels where the panel
+kernel serves a layer).
 
 **Grouped-query attention over a few rows.** Transformers' `sdpa` attention runs a one-token step of a
 grouped-query model on the key/value heads directly, but for two or more query rows with a mask (a verification) it
@@ -36,6 +41,7 @@ to Transformers' own `sdpa` unchanged. `use_grouped_attention(model)` registers 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import os
 import platform
@@ -70,6 +76,13 @@ MIN_PACKED_ROWS = 2
 SKINNY_MAX_ROWS = 12
 _SKINNY_SOURCE = Path(str(resources.files(__package__).joinpath("csrc", "skinny_linear.c")))  # package data
 _SKINNY_FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC"]
+# The panel kernel (csrc/panel_linear.c): the same instructions with 32 vector registers where AVX-512VL gives them.
+_PANEL_SOURCE = Path(str(resources.files(__package__).joinpath("csrc", "panel_linear.c")))  # package data
+_PANEL_AVX512_FLAGS = ["-mavx512f", "-mavx512vl", "-DPANEL_REGISTERS=32"]
+# Output columns per panel of a packed panel weight (PANEL in csrc/panel_linear.c).
+PANEL_COLUMNS = 16
+# Row counts at which `tune_skinny_kernel` times the panel kernel against the skinny one.
+PANEL_TIMED_ROWS = (1, 2, 3, 4, 6, 8, 12)
 
 
 @dataclass(frozen=True)
@@ -77,11 +90,14 @@ class SkinnyChoice:
     """How the skinny kernel runs the fewest rows, a property of the machine (`tune_skinny_kernel` times it).
 
     `one_row`: a single row goes to the skinny kernel rather than MKL's `F.linear`. `two_weight_rows[m - 1]`: for m =
-    1, 2, 3 rows of x, the kernel takes two weight rows per block rather than one. The default is what an Intel Xeon
-    measured best (docs/cpu-kernels.md). Whatever the choice, each output is the same sum in the same order."""
+    1, 2, 3 rows of x, the kernel takes two weight rows per block rather than one. `panel_from`: from this many rows
+    up to `SKINNY_MAX_ROWS` the panel kernel (csrc/panel_linear.c) runs instead of the skinny one (None: never). The
+    default is what an Intel Xeon measured best (docs/cpu-kernels.md). Whatever the choice, each output is the same
+    sum in the same order for every row count a kernel serves."""
 
     one_row: bool = False
     two_weight_rows: tuple[bool, bool, bool] = (True, True, True)
+    panel_from: int | None = None
 
     @property
     def pairs(self) -> int:
@@ -90,7 +106,8 @@ class SkinnyChoice:
 
     def describe(self) -> str:
         rows = ",".join("2" if two else "1" for two in self.two_weight_rows)
-        return f"one row on {'skinny' if self.one_row else 'F.linear'}; weight rows per block for 1-3 rows: {rows}"
+        text = f"one row on {'skinny' if self.one_row else 'F.linear'}; weight rows per block for 1-3 rows: {rows}"
+        return text if self.panel_from is None else f"{text}; panel kernel from {self.panel_from} rows"
 
 
 class _Skinny:
@@ -105,33 +122,47 @@ class _Skinny:
     min_rows = MIN_PACKED_ROWS  # rows below this go to F.linear: 1 where the choice sends one row to the kernel
 
 
-def _build_skinny(source_path: Path = _SKINNY_SOURCE) -> ctypes.CDLL:
-    """Compile (once per source and flags) and load a skinny kernel; `source_path` other than the shipped one is for
-    benchmarks that compare kernel versions (benchmarks/cpu_kernels.py --skinny_baseline)."""
+def _build_library(name: str, source_path: Path, flags: list[str]) -> ctypes.CDLL:
+    """Compile (once per source and flags, into the cache folder) and load one of the CPU kernels (`name`: what error
+    messages call it)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        raise RuntimeError(f"the skinny kernel is written for x86-64 (this is {platform.machine()})")
+        raise RuntimeError(f"the {name} is written for x86-64 (this is {platform.machine()})")
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        raise RuntimeError(f"the skinny kernel needs AVX2 and FMA (this CPU: {torch.backends.cpu.get_cpu_capability()})")
+        raise RuntimeError(f"the {name} needs AVX2 and FMA (this CPU: {torch.backends.cpu.get_cpu_capability()})")
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        raise RuntimeError("no C compiler (cc or gcc) to build the skinny kernel")
+        raise RuntimeError(f"no C compiler (cc or gcc) to build the {name}")
     source = Path(source_path).read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler, *_SKINNY_FLAGS]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("CARRYOVER_HF_CACHE", Path.home() / ".cache" / "carryover_hf"))
-    path = cache / f"skinny_linear-{key}.so"
+    path = cache / f"{Path(source_path).stem}-{key}.so"
     if not path.is_file():
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as scratch:
             built = Path(scratch) / path.name
-            result = subprocess.run(
-                [compiler, *_SKINNY_FLAGS, str(source_path), "-o", str(built)], capture_output=True, text=True
-            )
+            result = subprocess.run([compiler, *flags, str(source_path), "-o", str(built)], capture_output=True, text=True)
             if result.returncode != 0:
-                raise RuntimeError(f"building the skinny kernel failed: {result.stderr.strip()[-500:]}")
+                raise RuntimeError(f"building the {name} failed: {result.stderr.strip()[-500:]}")
             os.replace(built, path)  # atomic: concurrent processes see a whole library or none
-    library = ctypes.CDLL(str(path))
+    return ctypes.CDLL(str(path))
+
+
+def _build_skinny(source_path: Path = _SKINNY_SOURCE) -> ctypes.CDLL:
+    """Compile (once per source and flags) and load a skinny kernel; `source_path` other than the shipped one is for
+    benchmarks that compare kernel versions (benchmarks/cpu_kernels.py --skinny_baseline)."""
+    library = _build_library("skinny kernel", source_path, _SKINNY_FLAGS)
     library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     library.skinny_linear.restype = None
+    return library
+
+
+def _build_panel(source_path: Path = _PANEL_SOURCE) -> ctypes.CDLL:
+    """Compile and load the panel kernel: with 32 vector registers where the CPU has AVX-512 (the same results)."""
+    wide = torch.backends.cpu.get_cpu_capability() == "AVX512"
+    library = _build_library("panel kernel", source_path, _SKINNY_FLAGS + (_PANEL_AVX512_FLAGS if wide else []))
+    for function, pointers, integers in (("panel_linear", 4, 3), ("panel_reference", 4, 3), ("pack_panels", 2, 2)):
+        getattr(library, function).argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * integers
+        getattr(library, function).restype = None
     return library
 
 
@@ -140,14 +171,57 @@ def skinny_linear_available() -> bool:
 
     Unavailable without x86-64 AVX2/FMA or a C compiler; `skinny_linear_unavailable_reason()` says why, and packed
     layers then use oneDNN for every row count."""
-    if not _Skinny.tried:
-        _Skinny.tried = True
+    return _load_once(_Skinny, _build_skinny, "packed linears use oneDNN for every row count.") and _Skinny.enabled
+
+
+def _load_once(kernel: type, build: Callable[[], ctypes.CDLL], fallback: str) -> bool:
+    """Builds `kernel`'s library (`_Skinny`, `_Panel`) on the first call, or records why it cannot be and says so once
+    with what runs instead (`fallback`); whether it is loaded."""
+    if not kernel.tried:
+        kernel.tried = True
         try:
-            _Skinny.library = _build_skinny()
+            kernel.library = build()
         except (OSError, RuntimeError) as error:
-            _Skinny.reason = str(error)
-            logger.warning_once(f"carryover_hf.tools.cpu_kernels: {error}; packed linears use oneDNN for every row count.")
-    return _Skinny.library is not None and _Skinny.enabled
+            kernel.reason = str(error)
+            logger.warning_once(f"carryover_hf.tools.cpu_kernels: {error}; {fallback}")
+    return kernel.library is not None
+
+
+class _Panel:
+    """The panel kernel's shared library (built on first use, like the skinny kernel's)."""
+
+    library: ctypes.CDLL | None = None
+    reason: str | None = None
+    tried = False
+
+
+def panel_linear_available() -> bool:
+    """Whether the panel kernel can run here (built on the first call; the same needs as the skinny kernel's)."""
+    return _load_once(_Panel, _build_panel, "the skinny kernel serves every row count.") and _Skinny.enabled
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """A contiguous float32 CPU weight `(N, K)` packed for the panel kernel: `(ceil(N / 16), K, 16)`, zero past N."""
+    if not panel_linear_available():
+        raise RuntimeError(f"the panel kernel is unavailable: {_Panel.reason or 'turned off'}")
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2 or not weight.is_contiguous():
+        raise ValueError(f"pack_panels needs a contiguous 2-D float32 CPU weight, got {tuple(weight.shape)} {weight.dtype}")
+    rows, width = weight.shape
+    panels = torch.empty(-(-rows // PANEL_COLUMNS), width, PANEL_COLUMNS, dtype=torch.float32)  # 64-byte aligned
+    _Panel.library.pack_panels(weight.data_ptr(), panels.data_ptr(), rows, width)
+    return panels
+
+
+def _panel_product(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+                   function: str = "panel_linear") -> torch.Tensor:  # fmt: skip
+    """The panel kernel's call for checked contiguous float32 CPU tensors: x `(M, K)` and `pack_panels`' result
+    (`function="panel_reference"` takes the plain weight instead and computes the same sums one by one)."""
+    out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
+    getattr(_Panel.library, function)(
+        x.data_ptr(), panels.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+        x.shape[0], out_features, x.shape[1],
+    )  # fmt: skip
+    return out
 
 
 def skinny_linear_unavailable_reason() -> str | None:
@@ -164,7 +238,7 @@ def use_skinny_linear(enabled: bool) -> bool:
 def use_skinny_choice(choice: SkinnyChoice) -> SkinnyChoice:
     """Run the fewest rows as `choice` says from now on (every packed layer); returns the previous choice."""
     previous, _Skinny.choice = _Skinny.choice, choice
-    _Skinny.min_rows = 1 if choice.one_row else MIN_PACKED_ROWS
+    _Skinny.min_rows = 1 if choice.one_row or choice.panel_from == 1 else MIN_PACKED_ROWS
     return previous
 
 
@@ -198,13 +272,15 @@ def _skinny_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 def tune_skinny_kernel(
     model: nn.Module, budget_bytes: int = 256 << 20, min_bytes: int = 64 << 20, repeats: int = 5, margin: float = 0.03
 ) -> SkinnyChoice | None:
-    """Time how the fewest rows (1-3) run fastest on this machine, over the model's own float32 weights, and use it.
+    """Time how few rows run fastest on this machine, over the model's own float32 weights, and use it.
 
     For each row count the candidates (one row: MKL's `F.linear`, the skinny kernel with one or two weight rows per
     block; 2-3 rows: the kernel with one or two) take turns streaming the same weights (up to `budget_bytes` of the
     model's linears, so that they come from memory as in a forward, not from cache), `repeats` times each; the
-    fastest median wins where it beats the default (`SkinnyChoice()`) by more than `margin`. About a second on
-    SmolLM2-135M. Returns the choice now in use, or None (nothing changed) where the kernel cannot run here, torch
+    fastest median wins where it beats the default (`SkinnyChoice()`) by more than `margin`. Then the panel kernel
+    takes turns with the skinny kernel so chosen at `PANEL_TIMED_ROWS`: it serves every row count from the fewest
+    rows at which it wins by more than `margin` there and at every larger count timed (`panel_from`). About 2 seconds
+    on SmolLM2-135M. Returns the choice now in use, or None (nothing changed) where the kernel cannot run here, torch
     runs more than one intra-op thread (the kernel is single-threaded) or the model has under `min_bytes` of
     weights to time (a weight that fits in cache says nothing about a forward)."""
     if not skinny_linear_available() or torch.get_num_threads() != 1:
@@ -224,37 +300,51 @@ def tune_skinny_kernel(
     if total < min_bytes:
         return None
     generator = torch.Generator().manual_seed(0)
-    inputs = {w.shape[1]: torch.randn(3, w.shape[1], generator=generator) for w in weights}
 
-    def sweep(rows: int, candidate: str) -> float:
+    panels = [pack_panels(w) for w in weights] if panel_linear_available() else None
+    inputs = {w.shape[1]: torch.randn(max(PANEL_TIMED_ROWS), w.shape[1], generator=generator) for w in weights}
+
+    def sweep(rows: int, candidate: str, pairs: int = 0) -> float:
         start = time.perf_counter()
-        for weight in weights:
+        for i, weight in enumerate(weights):
             x = inputs[weight.shape[1]][:rows]
             if candidate == "F.linear":
                 F.linear(x, weight)
+            elif candidate == "panel":
+                _panel_product(x, panels[i], None, weight.shape[0])
             else:
-                _skinny_product(x, weight, None, pairs=(1 << (rows - 1)) if candidate == "two" else 0)
+                _skinny_product(x, weight, None, pairs=(1 << (rows - 1)) if candidate == "two" else pairs)
         return time.perf_counter() - start
+
+    def medians(rows: int, candidates: list[str], pairs: int = 0) -> dict[str, float]:
+        times = {c: [] for c in candidates}
+        for turn in range(repeats + 1):  # the first turn warms up
+            for candidate in candidates if turn % 2 == 0 else candidates[::-1]:
+                elapsed = sweep(rows, candidate, pairs)
+                if turn:
+                    times[candidate].append(elapsed)
+        return {c: sorted(t)[len(t) // 2] for c, t in times.items()}
 
     default = SkinnyChoice()
     best: dict[int, str] = {}
     with torch.no_grad():
         for rows in (1, 2, 3):
-            candidates = (["F.linear"] if rows == 1 else []) + ["two", "one"]
-            times = {c: [] for c in candidates}
-            for turn in range(repeats + 1):  # the first turn warms up
-                for candidate in candidates if turn % 2 == 0 else candidates[::-1]:
-                    elapsed = sweep(rows, candidate)
-                    if turn:
-                        times[candidate].append(elapsed)
-            median = {c: sorted(t)[len(t) // 2] for c, t in times.items()}
+            median = medians(rows, (["F.linear"] if rows == 1 else []) + ["two", "one"])
             usual = "F.linear" if rows == 1 and not default.one_row else ("two" if default.two_weight_rows[rows - 1] else "one")
             fastest = min(median, key=median.get)
             best[rows] = fastest if median[fastest] < (1 - margin) * median[usual] else usual
-    choice = SkinnyChoice(
-        one_row=best[1] != "F.linear",
-        two_weight_rows=(best[1] == "two" if best[1] != "F.linear" else default.two_weight_rows[0], best[2] == "two", best[3] == "two"),
-    )  # fmt: skip
+        choice = SkinnyChoice(
+            one_row=best[1] != "F.linear",
+            two_weight_rows=(best[1] == "two" if best[1] != "F.linear" else default.two_weight_rows[0], best[2] == "two", best[3] == "two"),
+        )  # fmt: skip
+        panel_from = None
+        for rows in sorted(PANEL_TIMED_ROWS, reverse=True) if panels is not None else ():
+            usual = "F.linear" if rows == 1 and not choice.one_row else "skinny"  # what serves these rows so far
+            median = medians(rows, [usual, "panel"], pairs=choice.pairs)
+            if median["panel"] >= (1 - margin) * median[usual]:
+                break
+            panel_from = rows
+    choice = dataclasses.replace(choice, panel_from=panel_from)
     use_skinny_choice(choice)
     logger.info(f"carryover_hf.tools.cpu_kernels: timed on {total >> 20} MB of weights: {choice.describe()}")
     return choice
@@ -279,6 +369,8 @@ class PackedLinear(nn.Linear):
     # Not packed yet (class defaults, so every way of making a layer starts from them; `packed_weight` sets both).
     _packed: torch.Tensor | None = None
     _packed_key: tuple | None = None  # (data_ptr, version) of the weight the pack was made from
+    _panels: torch.Tensor | None = None  # the weight packed for the panel kernel, made on its first use
+    _panels_key: tuple | None = None
 
     @classmethod
     def wrap(cls, linear: nn.Linear) -> "PackedLinear":
@@ -301,6 +393,7 @@ class PackedLinear(nn.Linear):
         # The opaque oneDNN tensor cannot be copied or pickled; copies repack on their first call.
         state = self.__dict__.copy()
         state["_packed"], state["_packed_key"] = None, None
+        state["_panels"], state["_panels_key"] = None, None  # a copy of the weight: copies make their own
         return state
 
     def _usable(self, x: torch.Tensor) -> bool:
@@ -320,6 +413,14 @@ class PackedLinear(nn.Linear):
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_ROWS)
             self._packed_key = key
         return self._packed
+
+    def panel_weight(self) -> torch.Tensor:
+        """The weight packed for the panel kernel (`pack_panels`), rebuilt as `packed_weight` is."""
+        key = (self.weight.data_ptr(), self.weight._version)
+        if self._panels_key != key:
+            self._panels = pack_panels(self.weight.detach())
+            self._panels_key = key
+        return self._panels
 
     @property
     def kernel_key(self) -> str:
@@ -341,7 +442,12 @@ class PackedLinear(nn.Linear):
             and skinny_linear_available()
         ):  # `_usable` has checked float32 on CPU: what `skinny_linear` would check again
             flat = x.reshape(rows, self.in_features).contiguous()
-            return _skinny_product(flat, self.weight.detach(), bias).view(*x.shape[:-1], self.out_features)
+            panel_from = _Skinny.choice.panel_from
+            if panel_from is not None and rows >= panel_from and panel_linear_available():
+                out = _panel_product(flat, self.panel_weight(), bias, self.out_features)
+            else:
+                out = _skinny_product(flat, self.weight.detach(), bias)
+            return out.view(*x.shape[:-1], self.out_features)
         if rows == 1:  # chosen for the skinny kernel, which cannot run now: MKL beats oneDNN at one row
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), bias, "none", [], "")

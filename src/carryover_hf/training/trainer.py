@@ -17,7 +17,7 @@ from transformers.utils import logging
 
 from ..compatibility import check_compatibility, check_target
 from ..modeling_carryover import CarryoverDrafterModel
-from ..utils import cpu_computes_bfloat16
+from ..utils import resolve_auto_bfloat16
 from .arguments import DECODING_MAX_TOKENS, OBJECTIVES, CarryoverTrainingArguments
 from .collator import CarryoverDataCollator
 from .data import check_training_dataset, row_lengths
@@ -269,7 +269,7 @@ class CarryoverTrainer(Trainer):
             if choice == "bfloat16":
                 raise ValueError("cpu_autocast is for training on a CPU; on a GPU use --bf16.")
             return None
-        return torch.bfloat16 if choice == "bfloat16" or cpu_computes_bfloat16() else None
+        return torch.bfloat16 if resolve_auto_bfloat16(choice) == "bfloat16" else None
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if model.training else "eval"
