@@ -291,9 +291,8 @@ class Campaign:
         seed = {"from": str(export.resolve()), "core_hours": state["core_hours"],
                 "milestones": len(state["milestones"]), "source": state.get("source", "milestone"),
                 "trunk_step": state["trunk_step"] if "trunk_step" in state else state["milestones"][-1]["step"]}  # fmt: skip
-        self._update_record(seed=seed)
-        if state.get("next_build_start"):
-            self.set_build_order({name: {"start": start} for name, start in state["next_build_start"].items()})
+        order = {name: {"start": start} for name, start in (state.get("next_build_start") or {}).items()}
+        self._update_record(seed=seed, **({"build_order": order} if order else {}))
         if state.get("curve"):  # the trunk's points up to where the export branched off it
             trunk = state.get("source") == "trunk"
             self.inherit_curve(state["curve"], state["core_hours"] if trunk else state["milestones"][-1]["core_hours"])
